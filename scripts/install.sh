@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Installs tfsyncmodes into a virtual environment, with Horovod built for the installed
+# TensorFlow. Idempotent: a second run finds everything in place and takes seconds.
+#
+#   scripts/install.sh            # venv at ./.venv (override with TFSYNC_VENV=DIR)
+#
+# Horovod 0.28.1 ships only as an sdist. Against TF 2.21 its XLA op file does not compile,
+# so the build drops horovod/tensorflow/xla_mpi_ops.cc from TF_SOURCES (XLA is off on the
+# Horovod path anyway) and builds with Gloo, without MPI. The wheel is cached under
+# ${TFSYNC_CACHE:-~/.cache/tfsyncmodes} and reused by later installs on the same machine.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${TFSYNC_VENV:-$repo/.venv}
+cache=${TFSYNC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfsyncmodes}
+horovod_version=0.28.1
+python=${PYTHON:-python3}
+
+say() { printf '[install] %s\n' "$*" >&2; }
+die() { printf '[install] ERROR: %s\n' "$*" >&2; exit 1; }
+
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating virtual environment $venv"
+  "$python" -m venv "$venv" || die "could not create a venv with $python (install python3-venv)"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+say "installing tfsyncmodes with its test and tfkeras extras"
+"${pip[@]}" install -e "$repo[test,tfkeras]" || die "pip could not install tfsyncmodes' dependencies"
+
+horovod_ok() {
+  "$venv/bin/python" - "$horovod_version" <<'PY' >/dev/null 2>&1
+import sys
+import horovod
+import horovod.tensorflow as hvd
+assert horovod.__version__ == sys.argv[1]
+assert hvd.gloo_built()
+PY
+}
+
+build_horovod_wheel() {
+  local work
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' RETURN
+  say "building Horovod $horovod_version from its sdist (about 6 minutes on 2 cores)"
+  "${pip[@]}" install "cmake<4" packaging psutil cloudpickle || die "could not install Horovod's build tools"
+  "${pip[@]}" download --no-deps --no-binary :all: "horovod==$horovod_version" -d "$work" \
+    || die "could not download the Horovod $horovod_version sdist"
+  tar -xzf "$work/horovod-$horovod_version.tar.gz" -C "$work"
+  local src="$work/horovod-$horovod_version"
+  local cmakelists="$src/horovod/tensorflow/CMakeLists.txt"
+  grep -q 'xla_mpi_ops.cc' "$cmakelists" || die "unexpected Horovod sdist: no xla_mpi_ops.cc in $cmakelists"
+  sed -i '/TF_SOURCES.*xla_mpi_ops\.cc/d' "$cmakelists"
+  mkdir -p "$cache"
+  if ! HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
+      MAKEFLAGS="-j$(nproc)" \
+      "$venv/bin/python" -m pip --disable-pip-version-check wheel --no-build-isolation --no-deps \
+        -w "$work/dist" "$src" >"$work/build.log" 2>&1; then
+    tail -n 40 "$work/build.log" >&2
+    die "the Horovod build failed (last lines above); nothing was installed"
+  fi
+  cp "$work"/dist/horovod-*.whl "$cache/"
+}
+
+if horovod_ok; then
+  say "Horovod $horovod_version with TensorFlow and Gloo is already installed"
+else
+  tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")')
+  tf_version=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))' 2>/dev/null || echo unknown)
+  # The wheel is only valid for the TensorFlow it was compiled against.
+  cache="$cache/tf-$tf_version"
+  wheel=$(ls "$cache"/horovod-"$horovod_version"-"$tag"-*.whl 2>/dev/null | head -n 1 || true)
+  if [ -z "$wheel" ]; then
+    build_horovod_wheel
+    wheel=$(ls "$cache"/horovod-"$horovod_version"-"$tag"-*.whl | head -n 1)
+  else
+    say "reusing the built wheel $(basename "$wheel")"
+  fi
+  "${pip[@]}" install --force-reinstall --no-deps "$wheel" || die "could not install $wheel"
+  "${pip[@]}" install cloudpickle psutil packaging || die "could not install Horovod's dependencies"
+  horovod_ok || die "Horovod installed but does not import with TensorFlow and Gloo; remove $cache and rerun"
+fi
+
+# Satisfied by the wheel above; keeps the declared extra honest.
+"${pip[@]}" install -e "$repo[horovod,test,tfkeras]" || die "pip could not resolve the horovod extra"
+# check-build probes each framework in a subprocess and can time out while TF imports under
+# load; the import check above is authoritative, this shows the build to the user.
+for attempt in 1 2 3; do
+  if report=$("$venv/bin/horovodrun" --check-build 2>/dev/null) \
+      && grep -q '\[X\] TensorFlow' <<<"$report" && grep -q '\[X\] Gloo' <<<"$report"; then
+    grep -E '\[X\] (TensorFlow|Gloo)' <<<"$report" | sort -u >&2
+    break
+  fi
+  [ "$attempt" = 3 ] && die "horovodrun --check-build does not show TensorFlow and Gloo"
+done
+say "done: activate with 'source ${venv#$repo/}/bin/activate'"

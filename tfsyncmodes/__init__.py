@@ -1,0 +1,22 @@
+"""tfsyncmodes: switch TensorFlow/Keras data-parallel training between sync, async and hybrid
+replica synchronisation with one flag.
+
+    strategy = tfsyncmodes.make_strategy()          # --sync_mode / TFSYNC_MODE / config file
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.Adam(1e-3)), ...)
+    strategy.fit(model, dataset_fn, epochs=5, steps_per_epoch=100)
+"""
+from tfsyncmodes.config import SyncConfig, resolve
+from tfsyncmodes.errors import ConfigError, run
+from tfsyncmodes.keras import compat as _compat
+from tfsyncmodes.keras import wrap
+from tfsyncmodes.strategies import ModeStrategy, make_strategy
+
+if _compat.LEGACY:
+    from tfsyncmodes.keras import legacy_optimizer as _legacy  # noqa: F401  (registers Sync*)
+else:
+    from tfsyncmodes.keras import optimizer as _optimizer  # noqa: F401  (registers SyncOptimizer)
+
+__version__ = "0.1.0"
+__all__ = ["ConfigError", "ModeStrategy", "SyncConfig", "make_strategy", "resolve", "run", "wrap"]

@@ -1,0 +1,182 @@
+"""One resolved, validated, immutable configuration per run.
+
+Sources, in rising precedence: built-in defaults < a YAML config file (``--config`` or
+``TFSYNC_CONFIG``) < environment variables (``TFSYNC_<KNOB>``) < absl flags that were given on
+the command line. The result remembers which source every value came from, so the chief can
+log it (:meth:`SyncConfig.describe`).
+
+Every knob is declared once in :data:`KNOBS`; the flags (``tfsyncmodes.flags``), the
+environment variables, the accepted config-file keys and the validation all derive from it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+from tfsyncmodes.errors import ConfigError, one_of
+
+MODES = ("sync", "async", "hybrid")
+BACKENDS = ("auto", "horovod", "multi_worker", "mirrored")
+ENV_PREFIX = "TFSYNC_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """A configuration value: its name in a config file, its flag, its parser and its help."""
+
+    key: str
+    flag: str
+    default: Any
+    parse: Callable[[Any], Any]
+    help: str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+
+def _choice(choices: Tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise ValueError(f"{value!r} is not accepted", one_of(choices))
+        return text
+    return parse
+
+
+def _number(kind: type, low: float, high: float) -> Callable[[Any], Any]:
+    def parse(value: Any) -> Any:
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{value!r} is not a {kind.__name__}", f"use a {kind.__name__} in [{low}, {high}]")
+        if not low <= number <= high:
+            raise ValueError(f"{number} is out of range", f"use a {kind.__name__} in [{low}, {high}]")
+        return number
+    return parse
+
+
+KNOBS: Tuple[Knob, ...] = (
+    Knob("mode", "sync_mode", "sync", _choice(MODES),
+         "How replicas keep in step: sync (allreduce every step), async (parameter servers), "
+         "hybrid (sync inside groups, compressed and bounded-stale across them)."),
+    Knob("backend", "sync_backend", "auto", _choice(BACKENDS),
+         "Engine for sync mode. auto: horovod under horovodrun, multi_worker with a TF_CONFIG "
+         "of several workers, mirrored otherwise."),
+    Knob("collective_timeout", "sync_collective_timeout", 300.0, _number(float, 1.0, 86400.0),
+         "Seconds a collective operation may wait for peers before the run fails instead of "
+         "hanging."),
+)
+KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncConfig:
+    """The resolved configuration. Use :func:`resolve` to build one."""
+
+    mode: str = "sync"
+    backend: str = "auto"
+    collective_timeout: float = 300.0
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+    def describe(self) -> str:
+        """One line per knob: value and the source it came from."""
+        width = max(len(k.key) for k in KNOBS)
+        lines = ["tfsyncmodes configuration:"]
+        for knob in KNOBS:
+            value = getattr(self, knob.key)
+            lines.append(f"  {knob.key:<{width}} = {value!r:<12} ({self.sources.get(knob.key, 'default')})")
+        return "\n".join(lines)
+
+
+assert tuple(f.name for f in dataclasses.fields(SyncConfig))[:-1] == tuple(KNOBS_BY_KEY), \
+    "SyncConfig fields and KNOBS must list the same knobs in the same order"
+
+
+def _parse(knob: Knob, value: Any, source: str, field: str) -> Any:
+    try:
+        return knob.parse(value)
+    except ValueError as error:
+        problem, fix = error.args if len(error.args) == 2 else (str(error), None)
+        raise ConfigError(source, field, problem, fix) from None
+
+
+def load_file(path: str) -> Dict[str, Any]:
+    """Reads a YAML config file: a mapping of knob keys to values."""
+    import yaml
+
+    source = f"config file {path}"
+    if not os.path.isfile(path):
+        raise ConfigError("--config", "path", f"{path} does not exist",
+                          "give an existing YAML file, e.g. configs/sync.yaml")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(source, "(yaml)", f"does not parse{where}: {getattr(error, 'problem', error)}",
+                          "fix the YAML syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, "(yaml)", "must be a mapping of knob: value", one_of(KNOBS_BY_KEY))
+    for key in data:
+        if key not in KNOBS_BY_KEY:
+            raise ConfigError(source, str(key), "unknown key", one_of(KNOBS_BY_KEY))
+    return data
+
+
+def _flag_values() -> Dict[str, Any]:
+    """Knob values given explicitly on the command line (absl flags), if flags are parsed."""
+    from absl import flags
+
+    from tfsyncmodes import flags as _  # noqa: F401  (defines the flags)
+
+    values = flags.FLAGS
+    if not values.is_parsed():
+        return {}
+    given = {}
+    for knob in KNOBS:
+        if knob.flag in values and values[knob.flag].present:
+            given[knob.key] = values[knob.flag].value
+    if "config" in values and values["config"].present:
+        given["config"] = values["config"].value
+    return given
+
+
+def resolve(
+    overrides: Optional[Mapping[str, Any]] = None,
+    environ: Mapping[str, str] = os.environ,
+    use_flags: bool = True,
+) -> SyncConfig:
+    """Builds the run's configuration from every source, highest precedence last.
+
+    `overrides` are arguments given in code (e.g. ``make_strategy("async")``) and rank with
+    the flags, above the environment.
+    """
+    flag_values = _flag_values() if use_flags else {}
+    overrides = dict(overrides or {})
+    for key in overrides:
+        if key not in KNOBS_BY_KEY:
+            raise ConfigError("argument", key, "unknown knob", one_of(KNOBS_BY_KEY))
+
+    config_path = flag_values.pop("config", None) or environ.get(CONFIG_ENV) or None
+    layers = [("default", {k.key: k.default for k in KNOBS})]
+    if config_path:
+        layers.append((f"config file {config_path}", load_file(config_path)))
+    layers.append(("environment", {k.key: environ[k.env] for k in KNOBS if environ.get(k.env, "") != ""}))
+    layers.append(("flag", flag_values))
+    layers.append(("argument", {k: v for k, v in overrides.items() if v is not None}))
+
+    values: Dict[str, Any] = {}
+    sources: Dict[str, str] = {}
+    for source, layer in layers:
+        for key, value in layer.items():
+            knob = KNOBS_BY_KEY[key]
+            field = {"environment": knob.env, "flag": "--" + knob.flag}.get(source, key)
+            values[key] = _parse(knob, value, source, field)
+            sources[key] = source
+    return SyncConfig(**values, sources=sources)

@@ -1,0 +1,46 @@
+"""One error type for bad input, and the entry-point guard that prints it as one line.
+
+Every bad value a user can give (a flag, an environment variable, a config file, TF_CONFIG,
+Horovod's environment) raises :class:`ConfigError` naming where the value came from, which
+field it is, and what would be accepted. Scripts run their ``main`` through :func:`run`, which
+turns the error into a single message on stderr and exit status 2 instead of a traceback.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Iterable, Optional
+
+EXIT_CONFIG_ERROR = 2
+
+
+class ConfigError(ValueError):
+    """A user-supplied value is invalid. The message says where, what and how to fix it."""
+
+    def __init__(self, source: str, field: str, problem: str, fix: Optional[str] = None):
+        self.source = source
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        message = f"{source}: {field}: {problem}"
+        if fix:
+            message += f"; {fix}"
+        super().__init__(message)
+
+
+def one_of(values: Iterable[object]) -> str:
+    """The `fix` text for a value restricted to a set of choices."""
+    return "use one of: " + ", ".join(str(v) for v in values)
+
+
+def run(main: Callable[[list], object]) -> None:
+    """``absl.app.run(main)`` that reports :class:`ConfigError` as one line and exits 2."""
+    from absl import app
+
+    def guarded(argv):
+        try:
+            return main(argv)
+        except ConfigError as error:
+            print(f"tfsyncmodes: error: {error}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_CONFIG_ERROR)
+
+    app.run(guarded)

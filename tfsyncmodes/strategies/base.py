@@ -1,0 +1,138 @@
+"""What every mode's strategy offers training code.
+
+A :class:`ModeStrategy` behaves like a ``tf.distribute.Strategy`` where a user expects one
+(``scope()``, ``num_replicas_in_sync``, ``distribute_datasets_from_function``,
+``experimental_distribute_dataset``, ``reduce``) and also answers what training code needs in
+every mode: whether this process is the chief, batch sizes per replica and overall, the
+callbacks the mode requires, and a ``fit`` that trains a compiled model the way the mode and
+the Keras version allow.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, List, Optional, Sequence
+
+import tensorflow as tf
+
+from tfsyncmodes.config import SyncConfig
+from tfsyncmodes.errors import ConfigError
+
+
+class ModeStrategy:
+    """Base class; subclasses set the engine in ``__init__`` and override what differs."""
+
+    mode = "sync"
+    backend = "none"
+
+    def __init__(self, config: SyncConfig, tf_strategy: tf.distribute.Strategy):
+        self.config = config
+        self._tf_strategy = tf_strategy
+
+    # --- what a tf.distribute.Strategy offers -------------------------------------------
+    @property
+    def tf_strategy(self) -> tf.distribute.Strategy:
+        """The ``tf.distribute`` strategy underneath (the default strategy under Horovod)."""
+        return self._tf_strategy
+
+    def scope(self):
+        return self._tf_strategy.scope()
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self._tf_strategy.num_replicas_in_sync
+
+    @property
+    def extended(self):
+        return self._tf_strategy.extended
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options=None):
+        return self._tf_strategy.distribute_datasets_from_function(dataset_fn, options)
+
+    def experimental_distribute_dataset(self, dataset: tf.data.Dataset, options=None):
+        return self._tf_strategy.experimental_distribute_dataset(dataset, options)
+
+    def run(self, fn, args=(), kwargs=None):
+        return self._tf_strategy.run(fn, args=args, kwargs=kwargs)
+
+    def reduce(self, reduce_op, value, axis=None):
+        return self._tf_strategy.reduce(reduce_op, value, axis=axis)
+
+    # --- what training code needs in every mode ------------------------------------------
+    @property
+    def is_chief(self) -> bool:
+        return True
+
+    @property
+    def worker_index(self) -> int:
+        """This process's index among the processes that compute gradients."""
+        return 0
+
+    @property
+    def num_workers(self) -> int:
+        """Processes that compute gradients (each may hold several replicas)."""
+        return 1
+
+    def per_replica_batch_size(self, global_batch_size: int) -> int:
+        if global_batch_size % self.num_replicas_in_sync:
+            raise ConfigError(
+                "argument", "global_batch_size",
+                f"{global_batch_size} does not split evenly over {self.num_replicas_in_sync} replicas",
+                f"use a multiple of {self.num_replicas_in_sync}")
+        return global_batch_size // self.num_replicas_in_sync
+
+    def global_batch_size(self, per_replica_batch_size: int) -> int:
+        return per_replica_batch_size * self.num_replicas_in_sync
+
+    def input_context(self) -> tf.distribute.InputContext:
+        """The input context of this process's pipeline, as a dataset function receives it."""
+        return tf.distribute.InputContext(
+            num_input_pipelines=self.num_workers,
+            input_pipeline_id=self.worker_index,
+            num_replicas_in_sync=self.num_replicas_in_sync)
+
+    def required_callbacks(self) -> List:
+        """Callbacks the mode needs on every process for correct training."""
+        return []
+
+    def callbacks(self, model_dir: Optional[str] = None, checkpoint: bool = True,
+                  tensorboard: bool = True) -> List:
+        """The mode's required callbacks, then chief-only checkpoint and TensorBoard logging
+        under `model_dir`."""
+        from tfsyncmodes.keras.compat import keras
+
+        callbacks = self.required_callbacks()
+        if model_dir and self.is_chief:
+            os.makedirs(model_dir, exist_ok=True)
+            if checkpoint:
+                callbacks.append(keras.callbacks.ModelCheckpoint(
+                    os.path.join(model_dir, "checkpoint.weights.h5"), save_weights_only=True))
+            if tensorboard:
+                callbacks.append(keras.callbacks.TensorBoard(os.path.join(model_dir, "logs")))
+        return callbacks
+
+    def fit(self, model, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset], *,
+            epochs: int = 1, steps_per_epoch: Optional[int] = None, callbacks: Sequence = (),
+            verbose: Optional[int] = None):
+        """Trains a compiled `model` on the per-replica-batched datasets `dataset_fn` makes.
+
+        The mode's required callbacks are added in front of `callbacks` unless they are
+        there already (e.g. from :meth:`callbacks`). Returns the History.
+        """
+        dataset = self.distribute_datasets_from_function(dataset_fn)
+        if verbose is None:
+            verbose = 1 if self.is_chief else 0
+        return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                         callbacks=self.with_required_callbacks(callbacks), verbose=verbose)
+
+    def with_required_callbacks(self, callbacks: Sequence) -> List:
+        """`callbacks` with the mode's required ones in front, unless already there."""
+        callbacks = list(callbacks)
+        present = {type(c) for c in callbacks}
+        return [c for c in self.required_callbacks() if type(c) not in present] + callbacks
+
+    def describe(self) -> str:
+        return (f"mode={self.mode} backend={self.backend} replicas={self.num_replicas_in_sync} "
+                f"workers={self.num_workers} worker_index={self.worker_index} chief={self.is_chief}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"

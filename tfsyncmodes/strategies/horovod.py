@@ -1,0 +1,88 @@
+"""Sync over Horovod: one replica per ``horovodrun`` process, gradients averaged by
+``SyncOptimizer`` with a grouped allreduce, no ``tf.distribute`` strategy underneath."""
+from __future__ import annotations
+
+import os
+from typing import List
+
+import tensorflow as tf
+
+from tfsyncmodes.config import SyncConfig
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.strategies.base import ModeStrategy
+
+
+def init_horovod():
+    """Imports and initialises Horovod, with a clear message when it is not installed."""
+    # A peer that never arrives fails the job after the collective timeout instead of hanging.
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as error:
+        raise ConfigError("--sync_backend", "horovod",
+                          f"Horovod is not importable ({error})",
+                          "install it with scripts/install.sh") from None
+    if not hvd.is_initialized():
+        hvd.init()
+    return hvd
+
+
+class HorovodStrategy(ModeStrategy):
+    backend = "horovod"
+
+    def __init__(self, config: SyncConfig):
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(config.collective_timeout)))
+        self.hvd = init_horovod()
+        super().__init__(config, tf.distribute.get_strategy())
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self.hvd.size()
+
+    @property
+    def is_chief(self) -> bool:
+        return self.hvd.rank() == 0
+
+    @property
+    def worker_index(self) -> int:
+        return self.hvd.rank()
+
+    @property
+    def num_workers(self) -> int:
+        return self.hvd.size()
+
+    def distribute_datasets_from_function(self, dataset_fn, options=None):
+        """This rank's dataset: `dataset_fn` called with this rank's input context."""
+        dataset = dataset_fn(self.input_context())
+        return dataset.with_options(options) if options is not None else dataset
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        """Splits each global batch of `dataset` into equal per-replica pieces and keeps this
+        rank's, as MirroredStrategy does with its replicas."""
+        batch = dataset.element_spec
+        first = tf.nest.flatten(batch)[0]
+        global_batch = first.shape[0] if first.shape.rank else None
+        if global_batch is None:
+            raise ValueError(
+                "experimental_distribute_dataset under Horovod needs a static batch size: batch "
+                "with drop_remainder=True, or use distribute_datasets_from_function")
+        dataset = dataset.rebatch(self.per_replica_batch_size(global_batch)).shard(
+            self.num_workers, self.worker_index)
+        return dataset.with_options(options) if options is not None else dataset
+
+    def reduce(self, reduce_op, value, axis=None):
+        if axis is not None:
+            value = tf.reduce_sum(value, axis=axis) if _is_sum(reduce_op) else tf.reduce_mean(value, axis=axis)
+        op = self.hvd.Sum if _is_sum(reduce_op) else self.hvd.Average
+        return self.hvd.allreduce(value, op=op)
+
+    def run(self, fn, args=(), kwargs=None):
+        return fn(*args, **(kwargs or {}))
+
+    def required_callbacks(self) -> List:
+        from tfsyncmodes.keras.callbacks import BroadcastInitialState, MetricAverage
+
+        return [BroadcastInitialState(root_rank=0), MetricAverage()]
+
+
+def _is_sum(reduce_op) -> bool:
+    return str(getattr(reduce_op, "value", reduce_op)).upper() == "SUM"

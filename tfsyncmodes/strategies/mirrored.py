@@ -1,0 +1,58 @@
+"""Sync over tf.distribute: MirroredStrategy on one host, MultiWorkerMirroredStrategy across
+the workers of a TF_CONFIG cluster. The strategies reduce gradients themselves, so
+``SyncOptimizer`` adds no exchange under them."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfsyncmodes.cluster import TFConfig
+from tfsyncmodes.config import SyncConfig
+from tfsyncmodes.strategies.base import ModeStrategy
+
+
+class MirroredStrategy(ModeStrategy):
+    backend = "mirrored"
+
+    def __init__(self, config: SyncConfig):
+        super().__init__(config, tf.distribute.MirroredStrategy())
+
+
+class MultiWorkerStrategy(ModeStrategy):
+    """One process per TF_CONFIG task (``chief`` and ``worker`` roles)."""
+
+    backend = "multi_worker"
+
+    def __init__(self, config: SyncConfig, cluster: TFConfig):
+        cluster.require_roles("sync", allowed=("chief", "worker"), required=())
+        self.cluster = cluster
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=config.collective_timeout)
+        super().__init__(config, tf.distribute.MultiWorkerMirroredStrategy(communication_options=options))
+
+    @property
+    def is_chief(self) -> bool:
+        return self.cluster.is_chief
+
+    @property
+    def worker_index(self) -> int:
+        offset = 1 if self.cluster.task_type == "worker" and "chief" in self.cluster.cluster else 0
+        return self.cluster.task_index + offset
+
+    @property
+    def num_workers(self) -> int:
+        return self.cluster.num_workers
+
+    def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None):
+        """tf_keras trains with ``model.fit``; Keras 3's ``fit`` fails under this strategy, so
+        Keras 3 models train in tfsyncmodes' own fit-like loop."""
+        from tfsyncmodes.keras import compat
+
+        if compat.LEGACY:
+            return super().fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                               callbacks=callbacks, verbose=verbose)
+        from tfsyncmodes.keras.loop import StrategyRunner, fit_loop
+
+        return fit_loop(model, StrategyRunner(self, dataset_fn), epochs=epochs,
+                        steps_per_epoch=steps_per_epoch,
+                        callbacks=self.with_required_callbacks(callbacks),
+                        verbose=(1 if self.is_chief else 0) if verbose is None else verbose)
