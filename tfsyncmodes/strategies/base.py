@@ -121,7 +121,7 @@ class ModeStrategy:
         dataset = self.distribute_datasets_from_function(dataset_fn)
         if verbose is None:
             verbose = 1 if self.is_chief else 0
-        return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
+        return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
                          callbacks=self.with_required_callbacks(callbacks), verbose=verbose)
 
     def with_required_callbacks(self, callbacks: Sequence) -> List:

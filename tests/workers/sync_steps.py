@@ -1,0 +1,67 @@
+"""Trains a linear model for a few steps in sync mode and saves what the test needs to check it.
+
+    python sync_steps.py OUTDIR [--optimizer=sgd|adam] [--steps=N] [--logical_cpus=N]
+
+Runs under horovodrun, under a TF_CONFIG cluster, or alone (MirroredStrategy). Every replica
+gets its own rows of a dataset that every process can rebuild from the seed; each worker
+starts from different initial weights, so identical results prove the initial broadcast.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+
+from tests import reference  # noqa: E402
+
+
+def main(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("outdir")
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--logical_cpus", type=int, default=0)
+    parser.add_argument("--backend", default=None)
+    args = parser.parse_args(argv)
+
+    import tensorflow as tf
+
+    if args.logical_cpus:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus)
+
+    import tfsyncmodes
+    from tfsyncmodes.keras.compat import keras
+
+    strategy = tfsyncmodes.make_strategy("sync", backend=args.backend)
+    replicas = strategy.num_replicas_in_sync
+    x, y = reference.linear_data(args.steps, replicas)  # [step, replica, batch, ...]
+
+    def dataset_fn(context):
+        local = replicas // context.num_input_pipelines
+        first = context.input_pipeline_id * local
+        xs = x[:, first:first + local].reshape(-1, x.shape[-1])
+        ys = y[:, first:first + local].reshape(-1, y.shape[-1])
+        return tf.data.Dataset.from_tensor_slices((xs, ys)).batch(reference.BATCH)
+
+    with strategy.scope():
+        keras.utils.set_random_seed(100 + strategy.worker_index)
+        model = keras.Sequential([keras.Input((reference.FEATURES,)), keras.layers.Dense(reference.OUTPUTS)])
+        initial = [np.array(w) for w in model.get_weights()]
+        inner = (keras.optimizers.SGD(reference.LR) if args.optimizer == "sgd"
+                 else keras.optimizers.Adam(reference.LR))
+        model.compile(optimizer=tfsyncmodes.wrap(inner, "sync"), loss="mse", jit_compile=False)
+    strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
+    final = model.get_weights()
+    np.savez(os.path.join(args.outdir, f"worker{strategy.worker_index}.npz"),
+             kernel0=initial[0], bias0=initial[1], kernel=final[0], bias=final[1],
+             iterations=int(np.asarray(model.optimizer.iterations)), replicas=replicas,
+             backend=strategy.backend, optimizer_class=type(model.optimizer).__name__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,66 @@
+"""Running local multi-process jobs safely: loopback only, bounded in time, nothing left behind.
+
+Used by the tests and the benchmarks. ``horovodrun``'s rendezvous server binds every
+interface; where the machine allows it (root, ``unshare``), jobs run in a network namespace of
+their own that has only a loopback interface, so nothing listens beyond 127.0.0.1.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from typing import Mapping, Optional, Sequence
+
+
+@functools.lru_cache(maxsize=1)
+def loopback_namespace_prefix() -> tuple:
+    """A command prefix that runs its command in a new loopback-only network namespace, or ()
+    where namespaces cannot be created here."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return ()
+    prefix = ("unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh")
+    try:
+        subprocess.run(prefix + ("true",), check=True, timeout=10,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return prefix
+
+
+def horovodrun_command(num_proc: int, command: Sequence[str], extra: Sequence[str] = ()) -> list:
+    """``horovodrun -np N`` on localhost over Gloo and the loopback interface."""
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    if not os.path.exists(horovodrun):
+        horovodrun = shutil.which("horovodrun") or "horovodrun"
+    return list(loopback_namespace_prefix()) + [
+        horovodrun, "-np", str(num_proc), "-H", f"localhost:{num_proc}", "--gloo",
+        "--network-interface", "lo", *extra, *command]
+
+
+def run(command: Sequence[str], *, timeout: float, env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Runs `command` in its own process group; on timeout the whole group is killed and
+    ``subprocess.TimeoutExpired`` is raised with the output so far."""
+    process = subprocess.Popen(list(command), env=dict(env) if env is not None else None, cwd=cwd,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        stdout, stderr = process.communicate()
+        raise subprocess.TimeoutExpired(process.args, timeout, output=stdout, stderr=stderr) from None
+    finally:
+        kill_group(process)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """Kills `process`'s process group (its children included), if any of it is still there."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
