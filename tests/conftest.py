@@ -1,0 +1,110 @@
+"""Shared fixtures: clean subprocess environments, free loopback ports, no leftover processes."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tfsyncmodes import localrun
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKERS = os.path.join(REPO, "tests", "workers")
+PYTHON = sys.executable
+# Every process a test starts carries this in its environment, so that one left behind is
+# found even after its parent died and it was re-parented.
+OWNER_VAR, OWNER = "TFSYNCMODES_TEST_OWNER", str(os.getpid())
+
+
+def clean_env(**extra):
+    """The test process's environment without cluster or mode settings, plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TFSYNC_", "HOROVOD_", "OMPI_", "PMI_")) and k not in ("TF_CONFIG",)}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    env[OWNER_VAR] = OWNER
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def free_ports(count):
+    """`count` distinct free TCP ports on 127.0.0.1."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_config(cluster, task_type, index):
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+def run_checked(command, timeout, **env):
+    """Runs `command` (process group killed on timeout) and fails the test with its output
+    unless it exits 0."""
+    result = localrun.run(command, timeout=timeout, env=clean_env(**env), cwd=REPO)
+    if result.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, command))} exited {result.returncode}\n"
+                    f"--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-6000:]}")
+    return result
+
+
+def run_cluster(commands, timeout, env_per_task):
+    """Starts one process per command (each in its own group), waits for all, kills all on
+    timeout or when one fails. Returns the CompletedProcess list."""
+    processes = [subprocess.Popen(cmd, env=clean_env(**env), cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                 for cmd, env in zip(commands, env_per_task)]
+    deadline = time.monotonic() + timeout
+    outputs = [None] * len(processes)
+    try:
+        for i, process in enumerate(processes):
+            remaining = max(1.0, deadline - time.monotonic())
+            outputs[i], _ = process.communicate(timeout=remaining)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"cluster did not finish within {timeout}s")
+    finally:
+        for process in processes:
+            localrun.kill_group(process)
+    results = [subprocess.CompletedProcess(p.args, p.returncode, out, "")
+               for p, out in zip(processes, outputs)]
+    for result in results:
+        if result.returncode != 0:
+            pytest.fail(f"task exited {result.returncode}:\n{(result.stdout or '')[-6000:]}")
+    return results
+
+
+def owned_processes():
+    owned = []
+    for process in psutil.process_iter():
+        try:
+            if (process.environ().get(OWNER_VAR) == OWNER
+                    and process.status() != psutil.STATUS_ZOMBIE):
+                owned.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return owned
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Every test must leave no child process behind."""
+    yield
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = owned_processes()
+        if not alive:
+            return
+        time.sleep(0.2)
+    names = [f"{p.pid}:{' '.join(p.cmdline())[:80]}" for p in alive]
+    for p in alive:
+        p.kill()
+    pytest.fail(f"processes left behind: {names}")

@@ -1,0 +1,147 @@
+"""Configuration: precedence of the sources and what each bad value says."""
+import pytest
+import yaml
+from absl import flags
+
+from tfsyncmodes import cluster, config
+from tfsyncmodes.errors import ConfigError
+
+
+@pytest.fixture
+def parsed_flags():
+    """Parses a command line into absl's FLAGS for one test, then restores them."""
+    import tfsyncmodes.flags  # noqa: F401
+
+    def parse(*argv):
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(["prog", *argv])
+
+    yield parse
+    flags.FLAGS.unparse_flags()
+
+
+def write_yaml(tmp_path, data, name="c.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return str(path)
+
+
+def test_defaults_when_nothing_is_given():
+    resolved = config.resolve(environ={}, use_flags=False)
+    assert (resolved.mode, resolved.backend, resolved.collective_timeout) == ("sync", "auto", 300.0)
+    assert set(resolved.sources.values()) == {"default"}
+
+
+def test_precedence_default_file_environment_flag(tmp_path, parsed_flags):
+    path = write_yaml(tmp_path, {"mode": "hybrid", "backend": "mirrored", "collective_timeout": 60})
+    env = {"TFSYNC_CONFIG": path, "TFSYNC_MODE": "async", "TFSYNC_COLLECTIVE_TIMEOUT": "30"}
+
+    parsed_flags()
+    resolved = config.resolve(environ=env)
+    assert (resolved.mode, resolved.backend, resolved.collective_timeout) == ("async", "mirrored", 30.0)
+    assert resolved.sources["backend"] == f"config file {path}"
+    assert resolved.sources["mode"] == "environment"
+
+    parsed_flags("--sync_mode=sync")
+    resolved = config.resolve(environ=env)
+    assert resolved.mode == "sync" and resolved.sources["mode"] == "flag"
+    assert "mode               = 'sync'       (flag)" in resolved.describe()
+
+
+def test_config_flag_beats_config_environment_variable(tmp_path, parsed_flags):
+    by_env = write_yaml(tmp_path, {"backend": "mirrored"}, "env.yaml")
+    by_flag = write_yaml(tmp_path, {"backend": "multi_worker"}, "flag.yaml")
+    parsed_flags(f"--config={by_flag}")
+    assert config.resolve(environ={"TFSYNC_CONFIG": by_env}).backend == "multi_worker"
+
+
+def test_shipped_config_files_parse_and_name_their_mode():
+    import os
+
+    root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
+    for name in sorted(os.listdir(root)):
+        resolved = config.resolve(environ={"TFSYNC_CONFIG": os.path.join(root, name)}, use_flags=False)
+        assert resolved.mode == name.split(".")[0]
+
+
+def test_config_is_immutable():
+    resolved = config.resolve(environ={}, use_flags=False)
+    with pytest.raises(Exception):
+        resolved.mode = "async"
+
+
+@pytest.mark.parametrize("environ, words", [
+    ({"TFSYNC_MODE": "bogus"}, ["environment", "TFSYNC_MODE", "sync, async, hybrid"]),
+    ({"TFSYNC_BACKEND": "nccl"}, ["TFSYNC_BACKEND", "auto, horovod, multi_worker, mirrored"]),
+    ({"TFSYNC_COLLECTIVE_TIMEOUT": "-1"}, ["TFSYNC_COLLECTIVE_TIMEOUT", "out of range", "[1.0, 86400.0]"]),
+    ({"TFSYNC_COLLECTIVE_TIMEOUT": "soon"}, ["TFSYNC_COLLECTIVE_TIMEOUT", "not a float"]),
+    ({"TFSYNC_CONFIG": "/nonexistent/sync.yaml"}, ["--config", "does not exist"]),
+])
+def test_bad_environment_values_name_source_field_and_fix(environ, words):
+    with pytest.raises(ConfigError) as raised:
+        config.resolve(environ=environ, use_flags=False)
+    for word in words:
+        assert word in str(raised.value)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("mode: [unclosed", ["does not parse", "line 1"]),
+    ("moed: sync\n", ["moed", "unknown key", "mode, backend"]),
+    ("- sync\n", ["must be a mapping"]),
+    ("mode: sideways\n", ["config file", "mode", "sync, async, hybrid"]),
+])
+def test_bad_config_files(tmp_path, text, words):
+    path = write_yaml(tmp_path, text)
+    with pytest.raises(ConfigError) as raised:
+        config.resolve(environ={"TFSYNC_CONFIG": path}, use_flags=False)
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_bad_flag_value_names_the_flag(parsed_flags):
+    parsed_flags("--sync_mode=fast")
+    with pytest.raises(ConfigError) as raised:
+        config.resolve(environ={})
+    assert "--sync_mode" in str(raised.value) and "'fast'" in str(raised.value)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{not json", ["TF_CONFIG", "not valid JSON"]),
+    ('["worker"]', ["must be a JSON object"]),
+    ('{"task": {"type": "worker", "index": 0}}', ["cluster", "missing or empty"]),
+    ('{"cluster": {"worker": ["127.0.0.1:1"]}}', ["task", "missing"]),
+    ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 2}}',
+     ["task.index", "out of range", "0..0"]),
+    ('{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 0}}',
+     ["task.type", "'ps' is not a role"]),
+    ('{"cluster": {"boss": ["127.0.0.1:1"]}, "task": {"type": "boss"}}', ["cluster.boss", "unknown role"]),
+    ('{"cluster": {"worker": "127.0.0.1:1"}, "task": {"type": "worker"}}', ["list of 'host:port'"]),
+    ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:1"]}, "task": {"type": "worker"}}',
+     ["worker[1]", "also worker[0]"]),
+    ('{"cluster": {"chief": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "chief"}}',
+     ["at most one chief"]),
+])
+def test_malformed_tf_config(text, words):
+    with pytest.raises(ConfigError) as raised:
+        cluster.tf_config({"TF_CONFIG": text})
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_tf_config_roles_and_chief():
+    parsed = cluster.tf_config({"TF_CONFIG": '{"cluster": {"chief": ["127.0.0.1:1"], '
+                                              '"worker": ["127.0.0.1:2", "127.0.0.1:3"]}, '
+                                              '"task": {"type": "worker", "index": 1}}'})
+    assert parsed.num_workers == 3 and not parsed.is_chief
+    with pytest.raises(ConfigError, match="needs at least one 'ps'"):
+        parsed.require_roles("async", allowed=("chief", "worker", "ps"), required=("ps",))
+    assert cluster.tf_config({}) is None
+
+
+def test_horovod_environment():
+    env = cluster.horovod_env({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1",
+                               "HOROVOD_LOCAL_SIZE": "2"})
+    assert (env.rank, env.size, env.local_rank, env.local_size) == (1, 4, 1, 2)
+    assert cluster.horovod_env({}) is None
+    with pytest.raises(ConfigError, match="HOROVOD_RANK"):
+        cluster.horovod_env({"HOROVOD_RANK": "5", "HOROVOD_SIZE": "4"})
