@@ -8,6 +8,7 @@ import tensorflow as tf
 from tfsyncmodes.cluster import TFConfig
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.strategies.base import ModeStrategy
+from tfsyncmodes.watchdog import deadline
 
 
 class MirroredStrategy(ModeStrategy):
@@ -27,7 +28,12 @@ class MultiWorkerStrategy(ModeStrategy):
         self.cluster = cluster
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=config.collective_timeout)
-        super().__init__(config, tf.distribute.MultiWorkerMirroredStrategy(communication_options=options))
+        peers = ", ".join(a for role in ("chief", "worker") for a in cluster.cluster.get(role, ()))
+        # The strategy waits for every worker before it returns, beyond any collective timeout.
+        with deadline(config.collective_timeout, "connecting to the TF_CONFIG workers",
+                      f"start every task of the cluster ({peers}) or raise --sync_collective_timeout"):
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        super().__init__(config, strategy)
 
     @property
     def is_chief(self) -> bool:

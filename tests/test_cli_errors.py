@@ -1,0 +1,71 @@
+"""Bad input on the command line: one clear line, exit status 2, no traceback, no hang."""
+import os
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, clean_env, free_ports, tf_config
+from tfsyncmodes import localrun
+
+TRAIN = os.path.join(REPO, "scripts", "train.py")
+
+
+def run_train(args, timeout=90, **env):
+    return localrun.run([PYTHON, TRAIN, "--epochs=1", *args], timeout=timeout, env=clean_env(**env),
+                        cwd=REPO)
+
+
+def assert_one_clear_error(result, *words):
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    for word in words:
+        assert word in errors[0]
+
+
+def worker_tf_config(*extra_roles):
+    ports = free_ports(2 + len(extra_roles))
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[:2]]}
+    for role, port in zip(extra_roles, ports[2:]):
+        cluster[role] = [f"127.0.0.1:{port}"]
+    return cluster
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("args, env, words", [
+    (["--sync_mode=bogus"], {}, ["--sync_mode", "'bogus'", "sync, async, hybrid"]),
+    ([], {"TFSYNC_MODE": "bogus"}, ["TFSYNC_MODE", "sync, async, hybrid"]),
+    (["--sync_backend=gpu"], {}, ["--sync_backend", "auto, horovod, multi_worker, mirrored"]),
+    (["--config=/nonexistent/sync.yaml"], {}, ["--config", "/nonexistent/sync.yaml does not exist"]),
+    (["--sync_backend=horovod"], {}, ["horovod", "not started by horovodrun", "horovodrun -np"]),
+    (["--sync_backend=multi_worker"], {}, ["multi_worker", "TF_CONFIG is not set"]),
+    ([], {"TF_CONFIG": "{oops"}, ["TF_CONFIG", "not valid JSON"]),
+    ([], {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}'}, ["TF_CONFIG: task"]),
+    ([], {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
+                       '"task": {"type": "worker", "index": 5}}'}, ["task.index", "0..1"]),
+], ids=["flag-mode", "env-mode", "backend", "missing-config", "horovod-without-horovodrun",
+        "multi-worker-without-tf-config", "bad-json", "missing-task", "index-range"])
+def test_bad_input_gives_one_line(args, env, words):
+    assert_one_clear_error(run_train(args, **env), *words)
+
+
+@pytest.mark.timeout(120)
+def test_config_file_with_unknown_key(tmp_path):
+    path = tmp_path / "sync.yaml"
+    path.write_text("mode: sync\nbakend: horovod\n")
+    assert_one_clear_error(run_train([f"--config={path}"]), "bakend", "unknown key", "mode, backend")
+
+
+@pytest.mark.timeout(120)
+def test_ps_role_is_refused_in_sync_mode():
+    cluster = worker_tf_config("ps")
+    result = run_train([], TF_CONFIG=tf_config(cluster, "worker", 0))
+    assert_one_clear_error(result, "cluster.ps", "not used by --sync_mode=sync")
+
+
+@pytest.mark.timeout(120)
+def test_missing_worker_fails_within_the_collective_timeout():
+    cluster = worker_tf_config()
+    result = run_train([], timeout=100, TF_CONFIG=tf_config(cluster, "worker", 0),
+                       TFSYNC_COLLECTIVE_TIMEOUT="8")
+    assert_one_clear_error(result, "connecting to the TF_CONFIG workers", "within 8s", cluster["worker"][1])
