@@ -1,0 +1,54 @@
+"""scripts/train.py end to end: one process, horovodrun -np 4, and a 2-worker TF_CONFIG cluster."""
+import json
+import os
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, free_ports, run_checked, run_cluster, tf_config
+from tfsyncmodes import localrun
+
+TRAIN = os.path.join(REPO, "scripts", "train.py")
+MIN_ACCURACY = 0.9  # digits, 5 epochs: about 0.96 in every backend
+
+
+def train_args(tmp_path, epochs=5):
+    return [TRAIN, f"--epochs={epochs}", f"--model_dir={tmp_path / 'run'}",
+            f"--metrics_file={tmp_path / 'metrics.json'}"]
+
+
+def check_run(tmp_path, backend, replicas):
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["backend"] == backend and metrics["replicas"] == replicas
+    assert metrics["test_accuracy"] >= MIN_ACCURACY, metrics
+    assert metrics["steps"] == metrics["epochs"] * (1437 // 64)
+    run_dir = tmp_path / "run" / "sync"
+    assert (run_dir / "model.keras").is_file() and (run_dir / "checkpoint.weights.h5").is_file()
+    assert list((run_dir / "logs" / "train").glob("events.out.tfevents.*"))
+    return metrics
+
+
+@pytest.mark.timeout(180)
+def test_train_one_process(tmp_path):
+    result = run_checked([PYTHON, *train_args(tmp_path)], timeout=150)
+    check_run(tmp_path, "mirrored", 1)
+    assert "test accuracy:" in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_train_horovodrun_four_ranks_chief_only_output(tmp_path):
+    result = run_checked(localrun.horovodrun_command(4, [PYTHON, *train_args(tmp_path)]), timeout=260)
+    check_run(tmp_path, "horovod", 4)
+    assert "[0]<stdout>:Epoch 1/5" in result.stdout
+    for rank in (1, 2, 3):
+        assert f"[{rank}]<stdout>:Epoch" not in result.stdout
+        assert f"[{rank}]<stdout>:test accuracy" not in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_train_multi_worker_from_tf_config(tmp_path):
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+    command = [PYTHON, *train_args(tmp_path)]
+    results = run_cluster([command, command], timeout=260,
+                          env_per_task=[{"TF_CONFIG": tf_config(cluster, "worker", i)} for i in range(2)])
+    check_run(tmp_path, "multi_worker", 2)
+    assert "test accuracy:" in results[0].stdout and "test accuracy:" not in results[1].stdout
