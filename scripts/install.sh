@@ -25,8 +25,19 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
-say "installing tfsyncmodes with its test and tfkeras extras"
-"${pip[@]}" install -e "$repo[test,tfkeras]" || die "pip could not install tfsyncmodes' dependencies"
+# A run that completed records what it installed; the same inputs again need no pip at all.
+stamp="$venv/.tfsyncmodes-install"
+inputs=$(cat "$repo/setup.py" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && "$venv/bin/python" -c 'import horovod.tensorflow, tfsyncmodes' >/dev/null 2>&1; then
+  say "already installed in ${venv#$repo/} (delete $stamp to force a reinstall)"
+  exit 0
+fi
+rm -f "$stamp"
+
+say "installing tfsyncmodes with its test dependencies, and tf-keras"
+"${pip[@]}" install -e "$repo[test]" || die "pip could not install tfsyncmodes' dependencies"
+# tf-keras requires the full 'tensorflow' distribution; tensorflow-cpu provides the same module.
+"${pip[@]}" install --no-deps "tf-keras==2.21.*" || die "pip could not install tf-keras"
 
 horovod_ok() {
   "$venv/bin/python" - "$horovod_version" <<'PY' >/dev/null 2>&1
@@ -83,7 +94,7 @@ else
 fi
 
 # Satisfied by the wheel above; keeps the declared extra honest.
-"${pip[@]}" install -e "$repo[horovod,test,tfkeras]" || die "pip could not resolve the horovod extra"
+"${pip[@]}" install -e "$repo[horovod,test]" || die "pip could not resolve the horovod extra"
 # check-build probes each framework in a subprocess and can time out while TF imports under
 # load; the import check above is authoritative, this shows the build to the user.
 for attempt in 1 2 3; do
@@ -94,4 +105,5 @@ for attempt in 1 2 3; do
   fi
   [ "$attempt" = 3 ] && die "horovodrun --check-build does not show TensorFlow and Gloo"
 done
+echo "$inputs" >"$stamp"
 say "done: activate with 'source ${venv#$repo/}/bin/activate'"

@@ -58,6 +58,28 @@ def _number(kind: type, low: float, high: float) -> Callable[[Any], Any]:
     return parse
 
 
+def _slow_worker(value: Any) -> str:
+    text = str(value).strip()
+    if not text:
+        return ""
+    fix = "use INDEX:FACTOR with INDEX >= 0 and FACTOR >= 1, e.g. 1:4.0"
+    index, _, factor = text.partition(":")
+    try:
+        if int(index) < 0 or float(factor) < 1.0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{value!r} is not accepted", fix) from None
+    return f"{int(index)}:{float(factor)}"
+
+
+def slow_worker_factor(config: Any, worker_index: int) -> float:
+    """How many times slower `worker_index` must run under `config.slow_worker` (1.0: not)."""
+    if not config.slow_worker:
+        return 1.0
+    index, factor = config.slow_worker.split(":")
+    return float(factor) if int(index) == worker_index else 1.0
+
+
 KNOBS: Tuple[Knob, ...] = (
     Knob("mode", "sync_mode", "sync", _choice(MODES),
          "How replicas keep in step: sync (allreduce every step), async (parameter servers), "
@@ -68,31 +90,47 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("collective_timeout", "sync_collective_timeout", 300.0, _number(float, 1.0, 86400.0),
          "Seconds a collective operation may wait for peers before the run fails instead of "
          "hanging."),
+    Knob("slow_worker", "slow_worker", "", _slow_worker,
+         "Fault injection for benchmarks: 'INDEX:FACTOR' makes worker INDEX take FACTOR times "
+         "as long per step (e.g. 1:4.0). Empty: off."),
+    # --- async knobs ---
+    # --- hybrid knobs ---
 )
 KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}
 
 
-@dataclasses.dataclass(frozen=True)
-class SyncConfig:
-    """The resolved configuration. Use :func:`resolve` to build one."""
-
-    mode: str = "sync"
-    backend: str = "auto"
-    collective_timeout: float = 300.0
-    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
-
-    def describe(self) -> str:
-        """One line per knob: value and the source it came from."""
-        width = max(len(k.key) for k in KNOBS)
-        lines = ["tfsyncmodes configuration:"]
-        for knob in KNOBS:
-            value = getattr(self, knob.key)
-            lines.append(f"  {knob.key:<{width}} = {value!r:<12} ({self.sources.get(knob.key, 'default')})")
-        return "\n".join(lines)
+def _describe(self) -> str:
+    """One line per knob: value and the source it came from."""
+    width = max(len(k.key) for k in KNOBS)
+    lines = ["tfsyncmodes configuration:"]
+    for knob in KNOBS:
+        value = getattr(self, knob.key)
+        lines.append(f"  {knob.key:<{width}} = {value!r:<12} ({self.sources.get(knob.key, 'default')})")
+    return "\n".join(lines)
 
 
-assert tuple(f.name for f in dataclasses.fields(SyncConfig))[:-1] == tuple(KNOBS_BY_KEY), \
-    "SyncConfig fields and KNOBS must list the same knobs in the same order"
+# The resolved configuration: one immutable field per knob, plus where each value came from.
+# Built from KNOBS so that a knob is declared in one place only. Use resolve() to make one.
+SyncConfig = dataclasses.make_dataclass(
+    "SyncConfig",
+    [(k.key, type(k.default), dataclasses.field(default=k.default)) for k in KNOBS]
+    + [("sources", Mapping, dataclasses.field(default_factory=dict, compare=False))],
+    frozen=True,
+    namespace={"describe": _describe, "__module__": __name__,
+               "__doc__": "The resolved, immutable configuration of a run (see resolve())."},
+)
+
+_current: Optional["SyncConfig"] = None
+
+
+def current() -> "SyncConfig":
+    """The run's configuration: the one ``make_strategy`` resolved, else a fresh resolve()."""
+    return _current if _current is not None else resolve()
+
+
+def set_current(config: "SyncConfig") -> None:
+    global _current
+    _current = config
 
 
 def _parse(knob: Knob, value: Any, source: str, field: str) -> Any:

@@ -17,7 +17,7 @@ def horovod_world_size() -> int:
     return hvd.size() if hvd.is_initialized() else 0
 
 
-def for_mode(mode: str) -> GradientTransform:
+def for_mode(mode: str, config=None) -> GradientTransform:
     """The exchange for `mode`, given the context the optimizer is built in.
 
     Under a tf.distribute strategy the strategy already reduces gradients across replicas, so
@@ -28,4 +28,12 @@ def for_mode(mode: str) -> GradientTransform:
         if tf.distribute.has_strategy() or horovod_world_size() <= 1:
             return GradientTransform()
         return chain(HorovodAllreduce())
-    raise ConfigError("wrap", "mode", f"{mode!r} is not implemented yet", one_of(("sync",)))
+    if mode == "hybrid":
+        from tfsyncmodes.exchange.hybrid import hybrid_exchange
+
+        return hybrid_exchange(config)
+    if mode == "async":
+        from tfsyncmodes.exchange.staleness import async_exchange
+
+        return async_exchange(config)
+    raise ConfigError("wrap", "mode", f"{mode!r} is not accepted", one_of(("sync", "async", "hybrid")))

@@ -30,6 +30,7 @@ def make_strategy(mode: Optional[str] = None, *, backend: Optional[str] = None,
     """
     if config is None:
         config = config_lib.resolve({"mode": mode, "backend": backend})
+    config_lib.set_current(config)
     horovod = cluster_env.horovod_env()
     tf_config = cluster_env.tf_config()
 
@@ -52,8 +53,16 @@ def make_strategy(mode: Optional[str] = None, *, backend: Optional[str] = None,
         from tfsyncmodes.strategies.mirrored import MirroredStrategy
 
         return MirroredStrategy(config)
-    raise ConfigError(config.sources.get("mode", "default"), "mode",
-                      f"{config.mode!r} is not available in this version", one_of(("sync",)))
+    if config.mode == "hybrid":
+        from tfsyncmodes.strategies.hybrid import HybridStrategy
+
+        return HybridStrategy(config, horovod)
+    if config.mode == "async":
+        from tfsyncmodes.strategies.parameter_server import make_parameter_server_strategy
+
+        return make_parameter_server_strategy(config, tf_config)
+    raise ConfigError(config.sources.get("mode", "default"), "mode", f"{config.mode!r} is not accepted",
+                      one_of(config_lib.MODES))
 
 
 __all__ = ["ModeStrategy", "make_strategy"]

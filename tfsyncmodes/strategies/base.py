@@ -91,7 +91,20 @@ class ModeStrategy:
             num_replicas_in_sync=self.num_replicas_in_sync)
 
     def required_callbacks(self) -> List:
-        """Callbacks the mode needs on every process for correct training."""
+        """Callbacks the mode needs on every process: correctness first, then the
+        ``--slow_worker`` fault injection when it names this worker."""
+        from tfsyncmodes.config import slow_worker_factor
+
+        callbacks = self._correctness_callbacks()
+        factor = slow_worker_factor(self.config, self.worker_index)
+        if factor > 1.0:
+            from tfsyncmodes.keras.callbacks import SlowWorker
+
+            callbacks.append(SlowWorker(factor))
+        return callbacks
+
+    def _correctness_callbacks(self) -> List:
+        """What the engine needs for correct training (e.g. Horovod's initial broadcast)."""
         return []
 
     def callbacks(self, model_dir: Optional[str] = None, checkpoint: bool = True,

@@ -78,7 +78,7 @@ class HorovodStrategy(ModeStrategy):
     def run(self, fn, args=(), kwargs=None):
         return fn(*args, **(kwargs or {}))
 
-    def required_callbacks(self) -> List:
+    def _correctness_callbacks(self) -> List:
         from tfsyncmodes.keras.callbacks import BroadcastInitialState, MetricAverage
 
         return [BroadcastInitialState(root_rank=0), MetricAverage()]
