@@ -24,7 +24,9 @@ from tfsyncmodes.errors import ConfigError, one_of  # noqa: E402
 
 flags.DEFINE_integer("epochs", 10, "Passes over the training set.")
 flags.DEFINE_integer("batch_size", 64, "Global batch size (split evenly over the replicas).")
-flags.DEFINE_float("learning_rate", 0.01, "Adam learning rate.")
+flags.DEFINE_float("learning_rate", None,
+                   "Learning rate (default: 0.01 for Adam in sync and hybrid modes, 0.02 for SGD "
+                   "with --momentum in async mode).")
 flags.DEFINE_enum("dataset", "digits", ["digits", "synthetic"],
                   "digits: scikit-learn's bundled digits; synthetic: generated, see --synthetic_*.")
 flags.DEFINE_integer("synthetic_samples", 8192, "Examples in the synthetic training set.")
@@ -106,8 +108,13 @@ def main(argv):
 
     with strategy.scope():
         model = build_model(x_train.shape[1])
+        if strategy.mode == "async":
+            # Stale-gradient remedies (staleness-aware rate, decay) need a plain SGD step.
+            optimizer = keras.optimizers.SGD(FLAGS.learning_rate or 0.02, momentum=strategy.config.momentum)
+        else:
+            optimizer = keras.optimizers.Adam(FLAGS.learning_rate or 0.01)
         model.compile(
-            optimizer=tfsyncmodes.wrap(keras.optimizers.Adam(FLAGS.learning_rate), strategy.mode),
+            optimizer=tfsyncmodes.wrap(optimizer, strategy.mode),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
             # This Horovod build has no XLA kernels, and Keras 3 turns XLA on by itself on GPUs

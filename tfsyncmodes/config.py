@@ -58,6 +58,45 @@ def _number(kind: type, low: float, high: float) -> Callable[[Any], Any]:
     return parse
 
 
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean", "use true or false")
+
+
+def _rank_groups(value: Any) -> str:
+    """Explicit hybrid groups, '0,1;2,3' or a list of lists, as canonical text ('' = none)."""
+    fix = "give groups of Horovod ranks separated by ';', ranks by ',', e.g. 0,1;2,3"
+    if isinstance(value, (list, tuple)):
+        groups = [list(g) if isinstance(g, (list, tuple)) else [g] for g in value]
+    else:
+        text = str(value).strip()
+        if not text:
+            return ""
+        groups = [[r for r in part.split(",") if r.strip()] for part in text.split(";")]
+    seen: Dict[int, int] = {}
+    for number, group in enumerate(groups):
+        if not group:
+            raise ValueError(f"group {number} of {value!r} is empty", fix)
+        for rank in group:
+            try:
+                rank = int(str(rank).strip())
+                if rank < 0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"{rank!r} in {value!r} is not a rank (an integer >= 0)", fix) from None
+            if rank in seen:
+                raise ValueError(f"rank {rank} is in group {seen[rank]} and group {number}",
+                                 "put every rank in exactly one group")
+            seen[rank] = number
+    return ";".join(",".join(str(int(str(r).strip())) for r in g) for g in groups)
+
+
 def _slow_worker(value: Any) -> str:
     text = str(value).strip()
     if not text:
@@ -94,7 +133,38 @@ KNOBS: Tuple[Knob, ...] = (
          "Fault injection for benchmarks: 'INDEX:FACTOR' makes worker INDEX take FACTOR times "
          "as long per step (e.g. 1:4.0). Empty: off."),
     # --- async knobs ---
+    Knob("ps_shards", "ps_shards", 1, _number(int, 1, 1024),
+         "Async: split each large variable over up to this many ps tasks (1: no sharding)."),
+    Knob("min_shard_bytes", "min_shard_bytes", 256 << 10, _number(int, 1, 1 << 40),
+         "Async: a variable shard holds at least this many bytes."),
+    Knob("clip_norm", "clip_norm", 0.0, _number(float, 0.0, 1e9),
+         "Async: clip each update's gradients to this global norm (0: off)."),
+    Knob("staleness_aware_lr", "staleness_aware_lr", True, _boolean,
+         "Async: scale each update by 1/(1+staleness), staleness = updates that landed "
+         "between the worker's read and its write."),
+    Knob("lr_decay", "lr_decay", 0.0, _number(float, 0.0, 1e3),
+         "Async: scale update n by 1/(1 + lr_decay * n) (inverse-time decay; 0: off)."),
+    Knob("momentum", "momentum", 0.9, _number(float, 0.0, 0.999),
+         "Async: momentum of the SGD optimizer scripts/train.py uses in async mode."),
     # --- hybrid knobs ---
+    Knob("group_size", "group_size", 0, _number(int, 0, 1 << 20),
+         "Hybrid: ranks 0..S-1 form group 0, S..2S-1 group 1, ... (0: one group per host)."),
+    Knob("groups", "groups", "", _rank_groups,
+         "Hybrid: explicit groups of Horovod ranks, e.g. '0,1;2,3' (overrides group_size)."),
+    Knob("compression", "compression", "topk", _choice(("none", "fp16", "topk")),
+         "Hybrid: how updates travel across groups: none (float32), fp16 (half the bytes), "
+         "topk (the topk_ratio largest entries as values + int32 indices)."),
+    Knob("topk_ratio", "topk_ratio", 0.01, _number(float, 1e-6, 1.0),
+         "Hybrid: fraction of entries compression=topk sends each step."),
+    Knob("error_feedback", "error_feedback", True, _boolean,
+         "Hybrid: add what compression dropped back into the next step's update."),
+    Knob("staleness", "staleness", 2, _number(int, 0, 1000),
+         "Hybrid: a group may run at most this many steps ahead of the slowest group "
+         "(0: groups stay in lockstep)."),
+    Knob("cross_group", "cross_group", "stale", _choice(("stale", "periodic")),
+         "Hybrid: stale (a background exchange every step, applied up to staleness steps "
+         "late) or periodic (local SGD: groups average their model changes every "
+         "staleness+1 steps)."),
 )
 KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}
 

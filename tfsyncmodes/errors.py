@@ -11,6 +11,7 @@ import sys
 from typing import Callable, Iterable, Optional
 
 EXIT_CONFIG_ERROR = 2
+EXIT_JOB_FAILURE = 3
 
 
 class ConfigError(ValueError):
@@ -33,7 +34,8 @@ def one_of(values: Iterable[object]) -> str:
 
 
 def run(main: Callable[[list], object]) -> None:
-    """``absl.app.run(main)`` that reports :class:`ConfigError` as one line and exits 2."""
+    """``absl.app.run(main)`` that reports :class:`ConfigError` (exit 2) and
+    :class:`JobFailure` (exit 3) as one line each instead of a traceback."""
     from absl import app
 
     def guarded(argv):
@@ -42,5 +44,13 @@ def run(main: Callable[[list], object]) -> None:
         except ConfigError as error:
             print(f"tfsyncmodes: error: {error}", file=sys.stderr, flush=True)
             sys.exit(EXIT_CONFIG_ERROR)
+        except JobFailure as error:
+            print(f"tfsyncmodes: error: {error}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_JOB_FAILURE)
 
     app.run(guarded)
+
+
+class JobFailure(RuntimeError):
+    """A distributed job cannot go on (a lost parameter server, ...). The message says what
+    was lost and how to resume."""

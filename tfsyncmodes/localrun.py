@@ -50,17 +50,22 @@ def run(command: Sequence[str], *, timeout: float, env: Optional[Mapping[str, st
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_group(process)
-        stdout, stderr = process.communicate()
+        # SIGTERM first, so that a launcher can tear down the tasks it started.
+        kill_group(process, signal.SIGTERM)
+        try:
+            stdout, stderr = process.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            kill_group(process)
+            stdout, stderr = process.communicate()
         raise subprocess.TimeoutExpired(process.args, timeout, output=stdout, stderr=stderr) from None
     finally:
         kill_group(process)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-def kill_group(process: subprocess.Popen) -> None:
-    """Kills `process`'s process group (its children included), if any of it is still there."""
+def kill_group(process: subprocess.Popen, signum: int = signal.SIGKILL) -> None:
+    """Signals `process`'s process group (its children included), if any of it is still there."""
     try:
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(process.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass

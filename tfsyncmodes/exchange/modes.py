@@ -17,13 +17,19 @@ def horovod_world_size() -> int:
     return hvd.size() if hvd.is_initialized() else 0
 
 
-def for_mode(mode: str, config=None) -> GradientTransform:
+def for_mode(mode: str, config=None, **context) -> GradientTransform:
     """The exchange for `mode`, given the context the optimizer is built in.
 
     Under a tf.distribute strategy the strategy already reduces gradients across replicas, so
     sync adds nothing. Under Horovod (one replica per process, no strategy) sync averages with
-    a grouped allreduce. A single process exchanges nothing.
+    a grouped allreduce. A single process exchanges nothing. `config` (default: the run's, see
+    :func:`tfsyncmodes.config.current`) carries the mode's knobs; `context` is what the
+    optimizer shares with the mode's parts (async: the step's ``StepVersion``).
     """
+    if config is None:
+        from tfsyncmodes.config import current
+
+        config = current()
     if mode == "sync":
         if tf.distribute.has_strategy() or horovod_world_size() <= 1:
             return GradientTransform()
@@ -35,5 +41,5 @@ def for_mode(mode: str, config=None) -> GradientTransform:
     if mode == "async":
         from tfsyncmodes.exchange.staleness import async_exchange
 
-        return async_exchange(config)
+        return async_exchange(config, **context)
     raise ConfigError("wrap", "mode", f"{mode!r} is not accepted", one_of(("sync", "async", "hybrid")))

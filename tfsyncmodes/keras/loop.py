@@ -68,6 +68,74 @@ class StrategyRunner(StepRunner):
         return self._train_function(self._iterator)
 
 
+def async_train_step(model, data):
+    """One async update on a worker: the variables' version is read before the forward pass,
+    so the optimizer can tell how stale the update is when it writes."""
+    import keras
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    optimizer = model.optimizer
+    read = optimizer.begin_step()
+    with tf.control_dependencies([read]):
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+        grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply(grads, model.trainable_variables)
+    logs = {k: v for k, v in model.compute_metrics(x, y, y_pred, sample_weight).items() if k != "loss"}
+    logs.update(loss=loss, staleness=optimizer.step_staleness)
+    return logs
+
+
+class CoordinatorRunner(StepRunner):
+    """Schedules each step on whichever worker is free (``ClusterCoordinator.schedule``).
+
+    Steps run asynchronously; the epoch's results are fetched when it ends, so the loss is the
+    exact mean over the epoch's steps, the staleness statistics cover every applied update,
+    and ``steps`` counts the updates that really ran (a step lost with a worker is run again
+    elsewhere by the coordinator and counted once).
+    """
+
+    def __init__(self, strategy, dataset_fn: Callable):
+        self.strategy = strategy
+        self.dataset_fn = dataset_fn
+
+    def prepare(self, model) -> None:
+        tf_strategy = self.strategy.tf_strategy
+        coordinator = self.strategy.coordinator
+        with tf_strategy.scope():
+            model._symbolic_build(data_batch=sample_batch(self.dataset_fn, 1))
+            if not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
+        dataset_fn = self.dataset_fn
+        self._iterator = iter(coordinator.create_per_worker_dataset(
+            lambda: tf_strategy.distribute_datasets_from_function(dataset_fn)))
+
+        @tf.function
+        def worker_function(iterator):
+            return tf_strategy.run(lambda data: async_train_step(model, data), args=(next(iterator),))
+
+        self._worker_function = worker_function
+        self._pending = []
+        self.steps_run = 0
+
+    def step(self):
+        self._pending.append(self.strategy.coordinator.schedule(self._worker_function, args=(self._iterator,)))
+        return {}
+
+    def epoch_logs(self, last_step_logs):
+        self.strategy.join()
+        results = [remote.fetch() for remote in self._pending]
+        self._pending = []
+        self.steps_run += len(results)
+        staleness = np.array([int(np.asarray(r["staleness"])) for r in results])
+        logs = {key: _to_float(value) for key, value in results[-1].items() if key not in ("loss", "staleness")}
+        logs.update(loss=float(np.mean([_to_float(r["loss"]) for r in results])),
+                     staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
+                     steps=float(len(results)))
+        return logs
+
+
 def fit_loop(model, runner: StepRunner, *, epochs: int, steps_per_epoch: Optional[int],
              callbacks: Sequence = (), verbose: int = 1, initial_epoch: int = 0):
     """Trains `model` for `epochs` x `steps_per_epoch` steps of `runner`; returns the History."""
@@ -83,6 +151,8 @@ def fit_loop(model, runner: StepRunner, *, epochs: int, steps_per_epoch: Optiona
         epochs=epochs, steps=steps_per_epoch, model=model)
     model.stop_training = False
     callback_list.on_train_begin()
+    # BackupAndRestore sets this when it restores an interrupted run, as Keras' fit honours.
+    initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
     epoch_logs: Dict[str, float] = {}
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()

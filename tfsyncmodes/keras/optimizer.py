@@ -9,10 +9,23 @@ the inner optimizer, so ``model.save`` / ``keras.models.load_model`` round-trip 
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 
 from tfsyncmodes import exchange
-from tfsyncmodes.config import MODES
+from tfsyncmodes.config import MODES, current
 from tfsyncmodes.errors import ConfigError, one_of
+from tfsyncmodes.exchange.staleness import StepVersion, check_inner_optimizer
+
+
+def _make_counter_atomic(counter):
+    """Keras 3 increments ``optimizer.iterations`` as read-add-assign, which loses increments
+    when workers update it concurrently on a parameter server. This instance's increment
+    becomes the variable's own atomic ``assign_add``."""
+
+    def assign_add(value):
+        return counter.value.assign_add(tf.cast(value, counter.value.dtype))
+
+    counter.assign_add = assign_add
 
 
 @keras.saving.register_keras_serializable(package="tfsyncmodes")
@@ -34,12 +47,23 @@ class SyncOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer = inner_optimizer
         self.mode = mode
         self._exchange = None
+        self._version = StepVersion()
+        self.step_staleness = None
+        if mode == "async":
+            check_inner_optimizer(current(), inner_optimizer)
+            _make_counter_atomic(inner_optimizer.iterations)
 
     def build(self, var_list):
         self.inner_optimizer.build(var_list)
-        self._exchange = exchange.for_mode(self.mode)
+        self._exchange = exchange.for_mode(self.mode, version=self._version)
         self._exchange.build(var_list)
         super().build(var_list)
+
+    def begin_step(self):
+        """Records the applied-update count as this step reads the variables; the step's
+        forward pass must depend on the returned tensor (async staleness)."""
+        self._version.read = self.iterations.value.read_value()
+        return self._version.read
 
     @property
     def variables(self):
@@ -51,8 +75,15 @@ class SyncOptimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables)
             self.built = True
         variables = trainable_variables or self._trainable_variables
+        if self.mode == "async":
+            # Read once the gradients exist: updates landing while they were computed count.
+            with tf.control_dependencies([g for g in grads if g is not None]):
+                self._version.current = self.iterations.value.read_value()
         grads = self._exchange(list(grads), variables)
         self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
+        if self.mode == "async":
+            self.step_staleness = self._version.staleness
+            self._version.read = self._version.current = None
 
     @property
     def learning_rate(self):

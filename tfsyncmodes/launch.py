@@ -1,0 +1,178 @@
+"""Start a whole local TF_CONFIG cluster and run a script in every task of it.
+
+    python -m tfsyncmodes.launch --workers 2 --ps 1 -- python scripts/train.py --sync_mode=async
+
+Like ``horovodrun`` and ``torchrun``: one command, free ports on 127.0.0.1, one TF_CONFIG per
+process (a ``chief``, ``--workers`` workers and ``--ps`` parameter servers), every output
+line prefixed by its task. The cluster is torn down (SIGTERM, then SIGKILL) when the chief
+ends, when any other task dies (unless ``--tolerate_worker_loss`` and it was a worker), on
+Ctrl-C or SIGTERM, and on ``--timeout``. The exit status is the chief's (124 on timeout, 130
+when interrupted, 1 when another task's death ended the run).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional
+
+GRACE_SECONDS = 5.0
+
+
+def free_ports(count: int) -> List[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def local_cluster(workers: int, ps: int, chief: bool = True) -> Dict[str, List[str]]:
+    """A cluster spec of free 127.0.0.1 ports."""
+    ports = iter(free_ports(int(chief) + workers + ps))
+    cluster = {"chief": [f"127.0.0.1:{next(ports)}"]} if chief else {}
+    cluster["worker"] = [f"127.0.0.1:{next(ports)}" for _ in range(workers)]
+    if ps:
+        cluster["ps"] = [f"127.0.0.1:{next(ports)}" for _ in range(ps)]
+    return cluster
+
+
+class Task:
+    def __init__(self, role: str, index: int, command: List[str], cluster, lock: threading.Lock):
+        self.name = f"{role}:{index}"
+        self.role = role
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": index}}),
+                   PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                        start_new_session=True)
+        self._reader = threading.Thread(target=self._relay, args=(lock,), daemon=True)
+        self._reader.start()
+
+    def _relay(self, lock: threading.Lock) -> None:
+        for line in self.process.stdout:
+            with lock:
+                sys.stdout.write(f"[{self.name}] {line}")
+                sys.stdout.flush()
+
+    def signal(self, signum: int) -> None:
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def finish_output(self) -> None:
+        self._reader.join(timeout=2.0)
+
+
+class Launcher:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.lock = threading.Lock()
+        self.tasks: List[Task] = []
+        self.stop_reason: Optional[str] = None
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            sys.stdout.write(f"[launch] {text}\n")
+            sys.stdout.flush()
+
+    def run(self) -> int:
+        cluster = local_cluster(self.args.workers, self.args.ps)
+        self.say("cluster " + json.dumps(cluster))
+        for role in ("ps", "worker", "chief"):
+            for index in range(len(cluster.get(role, ()))):
+                self.tasks.append(Task(role, index, self.args.command, cluster, self.lock))
+        chief = self.tasks[-1]
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._on_signal)
+        deadline = time.monotonic() + self.args.timeout if self.args.timeout else None
+        reported = set()
+        status = None
+        while status is None:
+            if self.stop_reason:
+                status = 130
+                break
+            if chief.process.poll() is not None:
+                status = chief.process.returncode
+                break
+            for task in self.tasks[:-1]:
+                code = task.process.poll()
+                if code is None or task.name in reported:
+                    continue
+                reported.add(task.name)
+                if task.role == "worker" and self.args.tolerate_worker_loss:
+                    self.say(f"{task.name} exited with status {code}; the others go on")
+                else:
+                    self.say(f"{task.name} exited with status {code}; stopping the cluster")
+                    status = 1
+            if deadline is not None and time.monotonic() > deadline:
+                self.say(f"timeout after {self.args.timeout:g}s; stopping the cluster")
+                status = 124
+            time.sleep(0.1)
+        self.teardown()
+        return status
+
+    def _on_signal(self, signum, frame) -> None:
+        del frame
+        self.stop_reason = signal.Signals(signum).name
+
+    def teardown(self) -> None:
+        """Gives the tasks a moment to leave on their own (they exit once the chief is gone),
+        then SIGTERM, then SIGKILL; waits for every one."""
+        deadline = time.monotonic() + GRACE_SECONDS
+        while time.monotonic() < deadline and any(t.process.poll() is None for t in self.tasks):
+            time.sleep(0.1)
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            alive = [t for t in self.tasks if t.process.poll() is None]
+            for task in alive:
+                task.signal(signum)
+            deadline = time.monotonic() + GRACE_SECONDS
+            while time.monotonic() < deadline and any(t.process.poll() is None for t in alive):
+                time.sleep(0.1)
+        for task in self.tasks:
+            task.signal(signal.SIGKILL)  # whatever a task itself started
+            task.process.wait()
+            task.finish_output()
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tfsyncmodes.launch",
+        description="Run a command in every task of a local chief/worker/ps cluster on 127.0.0.1.")
+    parser.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    parser.add_argument("--ps", type=int, default=1, help="parameter server tasks (default 1)")
+    parser.add_argument("--timeout", type=float, default=0.0,
+                        help="stop the whole cluster after this many seconds (default: no limit)")
+    parser.add_argument("--tolerate_worker_loss", action="store_true",
+                        help="keep going when a worker dies (async mode reschedules its steps)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run in every task")
+    args = parser.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("command: missing; give it after --, e.g. -- python scripts/train.py --sync_mode=async")
+    if args.workers < 1:
+        parser.error(f"--workers: {args.workers} is too few; use 1 or more")
+    if args.ps < 0:
+        parser.error(f"--ps: {args.ps} is negative; use 0 or more")
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return Launcher(parse_args(sys.argv[1:] if argv is None else argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

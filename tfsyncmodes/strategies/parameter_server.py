@@ -1,0 +1,175 @@
+"""Async over ParameterServerStrategy: variables live on the ``ps`` tasks, ``worker`` tasks
+compute and apply updates at their own pace, the ``chief`` coordinates.
+
+The same script runs in every task of a TF_CONFIG cluster. In a ``worker`` or ``ps`` task,
+:func:`make_parameter_server_strategy` starts that task's gRPC server and serves until the chief
+is gone, then exits 0. In the ``chief`` it returns an :class:`AsyncStrategy` that owns the
+``ParameterServerStrategy`` and its ``ClusterCoordinator``.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from typing import Callable, List, Optional
+
+import tensorflow as tf
+from absl import logging
+
+from tfsyncmodes.cluster import TFConfig
+from tfsyncmodes.config import SyncConfig
+from tfsyncmodes.errors import ConfigError, JobFailure
+from tfsyncmodes.strategies.base import ModeStrategy
+from tfsyncmodes.watchdog import deadline
+
+ROLES = ("chief", "worker", "ps")
+EXIT_SERVED = 0
+
+
+def make_parameter_server_strategy(config: SyncConfig, tf_config: Optional[TFConfig]):
+    """The chief's strategy; in a worker or ps task, serves and never returns."""
+    if tf_config is None:
+        raise ConfigError("TF_CONFIG", "(unset)", "--sync_mode=async needs a cluster with chief, worker and ps tasks",
+                          "set TF_CONFIG per task, or start a local cluster with "
+                          "python -m tfsyncmodes.launch --workers 2 --ps 1 -- python your_script.py")
+    tf_config.require_roles("async", allowed=ROLES, required=ROLES)
+    if tf_config.task_type in ("worker", "ps"):
+        serve(config, tf_config)
+    return AsyncStrategy(config, tf_config)
+
+
+def _reachable(address: str, timeout: float = 1.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def serve(config: SyncConfig, tf_config: TFConfig) -> None:
+    """Runs this task's server until the chief has come and gone, then exits the process.
+
+    A ``tf.distribute.Server`` has no way to stop; the chief's own server address is the sign
+    of life: once it has answered and then stops answering, the job is over. A chief that never
+    comes within ``collective_timeout`` seconds is an error.
+    """
+    task = f"{tf_config.task_type}:{tf_config.task_index}"
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=tf_config.task_type,
+                                  task_index=tf_config.task_index, protocol="grpc", start=True)
+    del server  # kept alive by the runtime until the process exits
+    chief = tf_config.cluster["chief"][0]
+    started = time.monotonic()
+    seen = False
+    while True:
+        up = _reachable(chief)
+        seen = seen or up
+        if seen and not up:
+            print(f"tfsyncmodes: {task}: chief {chief} is gone; exiting", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(EXIT_SERVED)
+        if not seen and time.monotonic() - started > config.collective_timeout:
+            print(f"tfsyncmodes: error: {task}: the chief at {chief} did not start within "
+                  f"{config.collective_timeout:g}s; start the chief task or raise --sync_collective_timeout",
+                  file=sys.stderr, flush=True)
+            os._exit(2)
+        time.sleep(0.5)
+
+
+class AsyncStrategy(ModeStrategy):
+    """The chief's side of async mode: a ParameterServerStrategy and its ClusterCoordinator."""
+
+    mode = "async"
+    backend = "parameter_server"
+
+    def __init__(self, config: SyncConfig, tf_config: TFConfig):
+        self.cluster = tf_config
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        partitioner = None
+        num_ps = tf_config.num_tasks("ps")
+        if config.ps_shards > 1:
+            if config.ps_shards > num_ps:
+                raise ConfigError(config.sources.get("ps_shards", "default"), "ps_shards",
+                                  f"{config.ps_shards} shards but only {num_ps} ps task(s)",
+                                  f"use at most {num_ps}")
+            partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+                min_shard_bytes=config.min_shard_bytes, max_shards=config.ps_shards)
+        peers = ", ".join(f"{r}:{i} {a}" for r in ("worker", "ps") for i, a in enumerate(tf_config.cluster[r]))
+        with deadline(config.collective_timeout, "connecting to the workers and parameter servers",
+                      f"start every task of the cluster ({peers}) or raise --sync_collective_timeout"):
+            strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+            self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        self.lost_workers = set()
+        super().__init__(config, strategy)
+
+    @property
+    def is_chief(self) -> bool:
+        return True
+
+    @property
+    def num_workers(self) -> int:
+        return self.cluster.num_tasks("worker")
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        # Each worker applies its own updates: one replica per worker, none in step with another.
+        return self.num_workers
+
+    def per_replica_batch_size(self, global_batch_size: int) -> int:
+        """Async workers each take whole batches: the batch size is per worker."""
+        return global_batch_size
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options=None):
+        """A per-worker dataset: `dataset_fn` runs on every worker with its own input context."""
+        return self.coordinator.create_per_worker_dataset(dataset_fn)
+
+    def _correctness_callbacks(self) -> List:
+        return []
+
+    def join(self) -> None:
+        """Waits for every scheduled step. A lost worker is logged (the coordinator runs its
+        steps elsewhere); a lost parameter server ends the run with :class:`JobFailure`."""
+        try:
+            self.coordinator.join()
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+                tf.errors.DeadlineExceededError, tf.errors.InternalError) as error:
+            lost = [f"ps:{i} at {a}" for i, a in enumerate(self.cluster.cluster["ps"]) if not _reachable(a)]
+            what = ", ".join(lost) or "a parameter server"
+            raise JobFailure(f"{what} is unreachable, training cannot go on ({type(error).__name__}); "
+                             "restart the cluster with the same --model_dir to resume from the last "
+                             "finished epoch") from None
+        for index, address in enumerate(self.cluster.cluster["worker"]):
+            if index not in self.lost_workers and not _reachable(address):
+                self.lost_workers.add(index)
+                logging.warning("worker:%d at %s was lost; its steps run on the other workers",
+                                index, address)
+
+    def callbacks(self, model_dir: Optional[str] = None, checkpoint: bool = True,
+                  tensorboard: bool = True) -> List:
+        """Adds ``BackupAndRestore`` under `model_dir`, so that a rerun after a lost parameter
+        server resumes from the last finished epoch."""
+        from tfsyncmodes.keras.compat import keras
+
+        callbacks = super().callbacks(model_dir, checkpoint, tensorboard)
+        if model_dir and checkpoint:
+            callbacks.insert(0, keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup")))
+        return callbacks
+
+    def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None):
+        """tf_keras trains with ``model.fit`` (it supports this strategy); Keras 3 refuses it, so
+        Keras 3 models train in tfsyncmodes' fit-like loop on the coordinator."""
+        from tfsyncmodes.keras import compat
+
+        callbacks = self.with_required_callbacks(callbacks)
+        verbose = 1 if verbose is None else verbose
+        if compat.LEGACY:
+            from tfsyncmodes.keras.legacy_async import fit_legacy
+
+            return fit_legacy(self, model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                              callbacks=callbacks, verbose=verbose)
+        from tfsyncmodes.keras.loop import CoordinatorRunner, fit_loop
+
+        return fit_loop(model, CoordinatorRunner(self, dataset_fn), epochs=epochs,
+                        steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)
