@@ -84,6 +84,7 @@ def main(argv):
 
     from tfsyncmodes.keras.compat import keras
 
+    tf.get_logger().setLevel("WARNING")
     strategy = tfsyncmodes.make_strategy()
     if strategy.is_chief:
         logging.info("%s", strategy.config.describe())

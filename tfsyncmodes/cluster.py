@@ -53,9 +53,24 @@ class TFConfig:
                     f"--sync_mode={mode} needs at least one '{role}' task", f"add a '{role}' list")
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _refuse_duplicate_keys(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
 def _parse_tf_config(text: str) -> TFConfig:
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+    except _DuplicateKey as duplicate:
+        raise ConfigError(TF_CONFIG, str(duplicate), "is given twice", "name each role and key once") from None
     except json.JSONDecodeError as error:
         raise ConfigError(TF_CONFIG, "(json)", f"not valid JSON ({error.msg} at char {error.pos})",
                           'set it to {"cluster": {...}, "task": {"type": ..., "index": ...}}')

@@ -7,6 +7,7 @@ turns the error into a single message on stderr and exit status 2 instead of a t
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable, Iterable, Optional
 
@@ -46,7 +47,9 @@ def run(main: Callable[[list], object]) -> None:
             sys.exit(EXIT_CONFIG_ERROR)
         except JobFailure as error:
             print(f"tfsyncmodes: error: {error}", file=sys.stderr, flush=True)
-            sys.exit(EXIT_JOB_FAILURE)
+            sys.stdout.flush()
+            # TensorFlow's teardown of a broken cluster logs a page of gRPC errors; skip it.
+            os._exit(EXIT_JOB_FAILURE)
 
     app.run(guarded)
 

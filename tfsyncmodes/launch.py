@@ -93,7 +93,9 @@ class Launcher:
         self.say("cluster " + json.dumps(cluster))
         for role in ("ps", "worker", "chief"):
             for index in range(len(cluster.get(role, ()))):
-                self.tasks.append(Task(role, index, self.args.command, cluster, self.lock))
+                task = Task(role, index, self.args.command, cluster, self.lock)
+                self.tasks.append(task)
+                self.say(f"started {task.name} pid {task.process.pid}")
         chief = self.tasks[-1]
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
@@ -122,6 +124,7 @@ class Launcher:
                 status = 124
             time.sleep(0.1)
         self.teardown()
+        self.say("exit statuses: " + " ".join(f"{t.name}={t.process.returncode}" for t in self.tasks))
         return status
 
     def _on_signal(self, signum, frame) -> None:

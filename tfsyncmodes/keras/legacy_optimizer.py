@@ -7,11 +7,13 @@ optimizer (``tfsyncmodes>SyncAdam`` …) so that ``tf_keras.models.load_model`` 
 """
 from __future__ import annotations
 
+import tensorflow as tf
 import tf_keras
 
 from tfsyncmodes import exchange
 from tfsyncmodes.config import MODES
 from tfsyncmodes.errors import ConfigError, one_of
+from tfsyncmodes.exchange.staleness import StepVersion, check_inner_optimizer
 
 _CLASSES = {}
 
@@ -22,11 +24,31 @@ class _SyncMixin:
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         variables = [v for _, v in grads_and_vars]
+        grads = [g for g, _ in grads_and_vars]
+        version = self._tfsync_version()
         if getattr(self, "_tfsync_exchange", None) is None:
-            self._tfsync_exchange = exchange.for_mode(self.sync_mode)
+            self._tfsync_exchange = exchange.for_mode(self.sync_mode, version=version)
             self._tfsync_exchange.build(variables)
-        grads = self._tfsync_exchange([g for g, _ in grads_and_vars], variables)
-        return super().apply_gradients(zip(grads, variables), *args, **kwargs)
+        if self.sync_mode == "async":
+            with tf.control_dependencies([g for g in grads if g is not None]):
+                version.current = self.iterations.read_value()
+        grads = self._tfsync_exchange(grads, variables)
+        result = super().apply_gradients(zip(grads, variables), *args, **kwargs)
+        if self.sync_mode == "async":
+            self.step_staleness = version.staleness
+            version.read = version.current = None
+        return result
+
+    def begin_step(self):
+        """Records the applied-update count as the step reads the variables (async)."""
+        version = self._tfsync_version()
+        version.read = self.iterations.read_value()
+        return version.read
+
+    def _tfsync_version(self) -> StepVersion:
+        if getattr(self, "_tfsync_step_version", None) is None:
+            self._tfsync_step_version = StepVersion()
+        return self._tfsync_step_version
 
     def get_config(self):
         config = super().get_config()
@@ -63,6 +85,10 @@ def wrap(optimizer, mode: str):
         raise ConfigError("wrap", "mode", f"{mode!r} is not accepted", one_of(MODES))
     if isinstance(optimizer, _SyncMixin):
         raise ValueError("this optimizer is already wrapped by tfsyncmodes")
+    if mode == "async":
+        from tfsyncmodes.config import current
+
+        check_inner_optimizer(current(), optimizer)
     wrapped = _sync_class(type(optimizer)).from_config(optimizer.get_config())
     wrapped.sync_mode = mode
     return wrapped

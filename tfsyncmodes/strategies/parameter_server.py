@@ -24,6 +24,9 @@ from tfsyncmodes.strategies.base import ModeStrategy
 from tfsyncmodes.watchdog import deadline
 
 ROLES = ("chief", "worker", "ps")
+# What TensorFlow raises when a parameter server stops answering mid-step or mid-save.
+_LOST_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+                     tf.errors.DeadlineExceededError)
 EXIT_SERVED = 0
 
 
@@ -129,6 +132,64 @@ class AsyncStrategy(ModeStrategy):
         return []
 
     def join(self) -> None:
+        """Waits for every scheduled step, and logs workers lost meanwhile (the coordinator
+        runs their steps on the others)."""
+        self.coordinator.join()
+        for index, address in enumerate(self.cluster.cluster["worker"]):
+            if index not in self.lost_workers and not _reachable(address):
+                self.lost_workers.add(index)
+                logging.warning("worker:%d at %s was lost; its steps run on the other workers",
+                                index, address)
+
+    def parameter_server_lost(self, error: Exception) -> JobFailure:
+        """The failure to report when a parameter server stopped answering."""
+        lost = [f"ps:{i} at {a}" for i, a in enumerate(self.cluster.cluster["ps"]) if not _reachable(a)]
+        return JobFailure(f"{', '.join(lost) or 'a parameter server'} is unreachable and training cannot "
+                          f"go on ({type(error).__name__}); restart the cluster with the same --model_dir "
+                          "to resume from the last finished epoch")
+
+    @property
+    def is_chief(self) -> bool:
+        return True
+
+    @property
+    def num_workers(self) -> int:
+        return self.cluster.num_tasks("worker")
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        # Each worker applies its own updates: one replica per worker, none in step with another.
+        return self.num_workers
+
+    def per_replica_batch_size(self, global_batch_size: int) -> int:
+        """Async workers each take whole batches: the batch size is per worker."""
+        return global_batch_size
+
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options=None):
+        """A per-worker dataset: `dataset_fn` runs on every worker with its own input context."""
+        return self.coordinator.create_per_worker_dataset(dataset_fn)
+
+    def _correctness_callbacks(self) -> List:
+        return []
+
+    def join(self) -> None:
+        """Waits for every scheduled step, and logs workers lost meanwhile (the coordinator
+        runs their steps on the others)."""
+        self.coordinator.join()
+        for index, address in enumerate(self.cluster.cluster["worker"]):
+            if index not in self.lost_workers and not _reachable(address):
+                self.lost_workers.add(index)
+                logging.warning("worker:%d at %s was lost; its steps run on the other workers",
+                                index, address)
+
+    def parameter_server_lost(self, error: Exception) -> JobFailure:
+        """The failure to report when a parameter server stopped answering."""
+        lost = [f"ps:{i} at {a}" for i, a in enumerate(self.cluster.cluster["ps"]) if not _reachable(a)]
+        return JobFailure(f"{', '.join(lost) or 'a parameter server'} is unreachable and training cannot "
+                          f"go on ({type(error).__name__}); restart the cluster with the same --model_dir "
+                          "to resume from the last finished epoch")
+
+    def join(self) -> None:
         """Waits for every scheduled step. A lost worker is logged (the coordinator runs its
         steps elsewhere); a lost parameter server ends the run with :class:`JobFailure`."""
         try:
@@ -171,5 +232,8 @@ class AsyncStrategy(ModeStrategy):
                               callbacks=callbacks, verbose=verbose)
         from tfsyncmodes.keras.loop import CoordinatorRunner, fit_loop
 
-        return fit_loop(model, CoordinatorRunner(self, dataset_fn), epochs=epochs,
-                        steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)
+        try:
+            return fit_loop(model, CoordinatorRunner(self, dataset_fn), epochs=epochs,
+                            steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)
+        except _LOST_PEER_ERRORS as error:
+            raise self.parameter_server_lost(error) from None
