@@ -139,6 +139,9 @@ def main(argv):
             "final_loss": float(history.history["loss"][-1]),
             "test_accuracy": accuracy, "train_seconds": round(seconds, 3),
         }
+        for key in ("staleness_mean", "staleness_max", "staleness"):
+            if key in history.history:
+                metrics[key] = [float(v) for v in history.history[key]]
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)
         if FLAGS.metrics_file:
             with open(FLAGS.metrics_file, "w", encoding="utf-8") as handle:
