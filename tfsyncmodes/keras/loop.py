@@ -116,10 +116,13 @@ class CoordinatorRunner(StepRunner):
             return tf_strategy.run(lambda data: async_train_step(model, data), args=(next(iterator),))
 
         self._worker_function = worker_function
+        self._optimizer = model.optimizer
         self._pending = []
-        self.steps_run = 0
+        self._count_at_epoch_start = None
 
     def step(self):
+        if self._count_at_epoch_start is None:
+            self._count_at_epoch_start = int(np.asarray(self._optimizer.iterations))
         self._pending.append(self.strategy.coordinator.schedule(self._worker_function, args=(self._iterator,)))
         return {}
 
@@ -127,7 +130,12 @@ class CoordinatorRunner(StepRunner):
         self.strategy.join()
         results = [remote.fetch() for remote in self._pending]
         self._pending = []
-        self.steps_run += len(results)
+        # A worker that dies after its update landed but before it reported has its step run
+        # again elsewhere: the counter then holds one increment too many. The steps the epoch
+        # executed are what the run reports, what schedules continue from and what checkpoints
+        # hold.
+        self._optimizer.iterations.assign(self._count_at_epoch_start + len(results))
+        self._count_at_epoch_start = None
         staleness = np.array([int(np.asarray(r["staleness"])) for r in results])
         logs = {key: _to_float(value) for key, value in results[-1].items() if key not in ("loss", "staleness")}
         logs.update(loss=float(np.mean([_to_float(r["loss"]) for r in results])),
