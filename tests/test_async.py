@@ -156,6 +156,9 @@ def test_losing_a_ps_stops_with_a_clear_error_and_a_rerun_resumes(tmp_path):
     assert time.monotonic() - killed < 60
     assert status != 0
     assert "[launch] ps:0 exited with status -9; stopping the cluster" in cluster.output
+    chief_errors = [l for l in cluster.lines if l.startswith("[chief:0] tfsyncmodes: error:")]
+    assert len(chief_errors) == 1 and "ps:0 at 127.0.0.1:" in chief_errors[0], cluster.output[-5000:]
+    assert not any("Traceback" in l for l in cluster.lines if l.startswith("[chief:0]"))
     assert (model_dir / "async" / "backup").is_dir()
 
     rerun = Cluster(["--workers", "2", "--ps", "1", "--timeout", "250"], train_command(tmp_path, epochs, model_dir))

@@ -18,9 +18,10 @@ import tensorflow as tf
 from absl import logging
 
 from tfsyncmodes.cluster import TFConfig
-from tfsyncmodes.config import SyncConfig
+from tfsyncmodes.config import SyncConfig, slow_worker_factor
 from tfsyncmodes.errors import ConfigError, JobFailure
 from tfsyncmodes.strategies.base import ModeStrategy
+from tfsyncmodes.throttle import throttle_self
 from tfsyncmodes.watchdog import deadline
 
 ROLES = ("chief", "worker", "ps")
@@ -63,6 +64,10 @@ def serve(config: SyncConfig, tf_config: TFConfig) -> None:
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=tf_config.task_type,
                                   task_index=tf_config.task_index, protocol="grpc", start=True)
     del server  # kept alive by the runtime until the process exits
+    if tf_config.task_type == "worker":
+        factor = slow_worker_factor(config, tf_config.task_index)
+        if factor > 1.0:
+            throttle_self(factor)
     chief = tf_config.cluster["chief"][0]
     started = time.monotonic()
     seen = False
@@ -93,6 +98,14 @@ class AsyncStrategy(ModeStrategy):
         partitioner = None
         num_ps = tf_config.num_tasks("ps")
         if config.ps_shards > 1:
+            from tfsyncmodes.keras import compat
+
+            if not compat.LEGACY:
+                raise ConfigError(config.sources.get("ps_shards", "default"), "ps_shards",
+                                  "Keras 3 optimizers cannot update variables split over several ps "
+                                  "(ShardedVariable)",
+                                  "use ps_shards=1 (whole variables are still spread over the ps tasks "
+                                  "round-robin), or tf_keras with TF_USE_LEGACY_KERAS=1")
             if config.ps_shards > num_ps:
                 raise ConfigError(config.sources.get("ps_shards", "default"), "ps_shards",
                                   f"{config.ps_shards} shards but only {num_ps} ps task(s)",
@@ -128,7 +141,8 @@ class AsyncStrategy(ModeStrategy):
         """A per-worker dataset: `dataset_fn` runs on every worker with its own input context."""
         return self.coordinator.create_per_worker_dataset(dataset_fn)
 
-    def _correctness_callbacks(self) -> List:
+    def required_callbacks(self) -> List:
+        """None on the chief: a ``--slow_worker`` is slowed in its own process (see serve)."""
         return []
 
     def join(self) -> None:
@@ -147,65 +161,6 @@ class AsyncStrategy(ModeStrategy):
         return JobFailure(f"{', '.join(lost) or 'a parameter server'} is unreachable and training cannot "
                           f"go on ({type(error).__name__}); restart the cluster with the same --model_dir "
                           "to resume from the last finished epoch")
-
-    @property
-    def is_chief(self) -> bool:
-        return True
-
-    @property
-    def num_workers(self) -> int:
-        return self.cluster.num_tasks("worker")
-
-    @property
-    def num_replicas_in_sync(self) -> int:
-        # Each worker applies its own updates: one replica per worker, none in step with another.
-        return self.num_workers
-
-    def per_replica_batch_size(self, global_batch_size: int) -> int:
-        """Async workers each take whole batches: the batch size is per worker."""
-        return global_batch_size
-
-    def distribute_datasets_from_function(self, dataset_fn: Callable, options=None):
-        """A per-worker dataset: `dataset_fn` runs on every worker with its own input context."""
-        return self.coordinator.create_per_worker_dataset(dataset_fn)
-
-    def _correctness_callbacks(self) -> List:
-        return []
-
-    def join(self) -> None:
-        """Waits for every scheduled step, and logs workers lost meanwhile (the coordinator
-        runs their steps on the others)."""
-        self.coordinator.join()
-        for index, address in enumerate(self.cluster.cluster["worker"]):
-            if index not in self.lost_workers and not _reachable(address):
-                self.lost_workers.add(index)
-                logging.warning("worker:%d at %s was lost; its steps run on the other workers",
-                                index, address)
-
-    def parameter_server_lost(self, error: Exception) -> JobFailure:
-        """The failure to report when a parameter server stopped answering."""
-        lost = [f"ps:{i} at {a}" for i, a in enumerate(self.cluster.cluster["ps"]) if not _reachable(a)]
-        return JobFailure(f"{', '.join(lost) or 'a parameter server'} is unreachable and training cannot "
-                          f"go on ({type(error).__name__}); restart the cluster with the same --model_dir "
-                          "to resume from the last finished epoch")
-
-    def join(self) -> None:
-        """Waits for every scheduled step. A lost worker is logged (the coordinator runs its
-        steps elsewhere); a lost parameter server ends the run with :class:`JobFailure`."""
-        try:
-            self.coordinator.join()
-        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
-                tf.errors.DeadlineExceededError, tf.errors.InternalError) as error:
-            lost = [f"ps:{i} at {a}" for i, a in enumerate(self.cluster.cluster["ps"]) if not _reachable(a)]
-            what = ", ".join(lost) or "a parameter server"
-            raise JobFailure(f"{what} is unreachable, training cannot go on ({type(error).__name__}); "
-                             "restart the cluster with the same --model_dir to resume from the last "
-                             "finished epoch") from None
-        for index, address in enumerate(self.cluster.cluster["worker"]):
-            if index not in self.lost_workers and not _reachable(address):
-                self.lost_workers.add(index)
-                logging.warning("worker:%d at %s was lost; its steps run on the other workers",
-                                index, address)
 
     def callbacks(self, model_dir: Optional[str] = None, checkpoint: bool = True,
                   tensorboard: bool = True) -> List:
