@@ -1,0 +1,97 @@
+"""The local cluster launcher: TF_CONFIG per task, prefixed output, teardown in every case."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, clean_env
+from tfsyncmodes import localrun
+
+REPORT_AND_WAIT = (
+    "import json, os, sys, time\n"
+    "c = json.loads(os.environ['TF_CONFIG'])\n"
+    "t = c['task']\n"
+    "print('task', t['type'], t['index'], json.dumps(c['cluster'], sort_keys=True), flush=True)\n"
+    "if t['type'] == 'chief':\n"
+    "    time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))\n"
+    "if t['type'] == 'worker' and t['index'] == 1 and float(sys.argv[3]) >= 0:\n"
+    "    time.sleep(float(sys.argv[3])); sys.exit(7)\n"
+    "time.sleep(600)\n")
+
+
+def launch(*args, chief_seconds=1.0, chief_status=0, worker_dies_after=-1.0, timeout=60):
+    command = [PYTHON, "-m", "tfsyncmodes.launch", *args, "--", PYTHON, "-c", REPORT_AND_WAIT,
+               str(chief_seconds), str(chief_status), str(worker_dies_after)]
+    return localrun.run(command, timeout=timeout, env=clean_env(), cwd=REPO)
+
+
+def task_lines(stdout):
+    return [l for l in stdout.splitlines() if " task " in l]
+
+
+@pytest.mark.timeout(90)
+def test_one_tf_config_per_task_on_loopback_and_the_chief_status():
+    result = launch("--workers", "2", "--ps", "1", chief_status=5)
+    assert result.returncode == 5, result.stdout
+    lines = task_lines(result.stdout)
+    assert sorted(l.split(" task ")[0] for l in lines) == ["[chief:0]", "[ps:0]", "[worker:0]", "[worker:1]"]
+    clusters = {l.split(" ", 4)[4] for l in lines}
+    assert len(clusters) == 1
+    cluster = json.loads(clusters.pop())
+    addresses = [a for role in ("chief", "worker", "ps") for a in cluster[role]]
+    assert len(addresses) == 4 == len(set(addresses))
+    assert all(a.startswith("127.0.0.1:") for a in addresses)
+    for line in lines:
+        prefix, _, rest = line.partition(" task ")
+        role, index = rest.split()[:2]
+        assert prefix == f"[{role}:{index}]"
+
+
+@pytest.mark.timeout(90)
+def test_a_dying_worker_stops_the_cluster_unless_tolerated():
+    result = launch("--workers", "2", "--ps", "1", chief_seconds=30, worker_dies_after=1)
+    assert result.returncode == 1
+    assert "[launch] worker:1 exited with status 7; stopping the cluster" in result.stdout
+    tolerated = launch("--workers", "2", "--ps", "1", "--tolerate_worker_loss", chief_seconds=3,
+                       worker_dies_after=0.5)
+    assert tolerated.returncode == 0
+    assert "[launch] worker:1 exited with status 7; the others go on" in tolerated.stdout
+
+
+@pytest.mark.timeout(90)
+def test_timeout_tears_everything_down():
+    started = time.monotonic()
+    result = launch("--workers", "1", "--ps", "1", "--timeout", "2", chief_seconds=300)
+    assert result.returncode == 124
+    assert "[launch] timeout after 2s" in result.stdout
+    assert time.monotonic() - started < 40
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_tears_everything_down():
+    command = [PYTHON, "-m", "tfsyncmodes.launch", "--workers", "1", "--ps", "1", "--", PYTHON, "-c",
+               REPORT_AND_WAIT, "300", "0", "-1"]
+    process = subprocess.Popen(command, env=clean_env(), cwd=REPO, stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        seen = []
+        while len(task_lines("\n".join(seen))) < 3:
+            seen.append(process.stdout.readline())
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=40) == 130
+    finally:
+        localrun.kill_group(process)
+        process.wait()
+
+
+@pytest.mark.timeout(30)
+def test_missing_command_is_a_clear_usage_error():
+    result = localrun.run([PYTHON, "-m", "tfsyncmodes.launch", "--workers", "2"], timeout=20, env=clean_env(),
+                          cwd=REPO)
+    assert result.returncode == 2
+    assert "command: missing; give it after --" in result.stderr
+    assert "Traceback" not in result.stderr
