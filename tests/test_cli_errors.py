@@ -69,3 +69,32 @@ def test_missing_worker_fails_within_the_collective_timeout():
     result = run_train([], timeout=100, TF_CONFIG=tf_config(cluster, "worker", 0),
                        TFSYNC_COLLECTIVE_TIMEOUT="8")
     assert_one_clear_error(result, "connecting to the TF_CONFIG workers", "within 8s", cluster["worker"][1])
+
+
+def async_cluster(*roles):
+    ports = iter(free_ports(len(roles)))
+    cluster = {}
+    for role in roles:
+        cluster.setdefault(role, []).append(f"127.0.0.1:{next(ports)}")
+    return cluster
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("tf_config_text, words", [
+    (None, ["TF_CONFIG", "needs a cluster with chief, worker and ps", "tfsyncmodes.launch"]),
+    (lambda: tf_config(async_cluster("chief", "worker"), "chief", 0), ["cluster.ps", "needs at least one 'ps'"]),
+    (lambda: tf_config(async_cluster("chief", "ps"), "chief", 0), ["cluster.worker", "needs at least one 'worker'"]),
+    (lambda: '{"cluster": {"worker": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, '
+             '"task": {"type": "worker", "index": 0}}', ["TF_CONFIG", "worker", "is given twice"]),
+], ids=["unset", "no-ps", "no-worker", "role-twice"])
+def test_async_cluster_errors(tf_config_text, words):
+    env = {"TF_CONFIG": tf_config_text()} if tf_config_text else {}
+    assert_one_clear_error(run_train(["--sync_mode=async"], **env), *words)
+
+
+@pytest.mark.timeout(120)
+def test_async_refuses_sharding_under_keras3():
+    cluster = async_cluster("chief", "worker", "ps", "ps")
+    result = run_train(["--sync_mode=async", "--ps_shards=2"], TF_CONFIG=tf_config(cluster, "chief", 0),
+                       TFSYNC_COLLECTIVE_TIMEOUT="20")
+    assert_one_clear_error(result, "ps_shards", "Keras 3", "TF_USE_LEGACY_KERAS=1")

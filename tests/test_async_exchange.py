@@ -1,0 +1,58 @@
+"""Async mode's remedies, against NumPy, and the combinations wrap() refuses."""
+import numpy as np
+import pytest
+
+from tfsyncmodes import config
+from tfsyncmodes.errors import ConfigError
+
+
+def resolved(**values):
+    return config.resolve(values, environ={}, use_flags=False)
+
+
+def test_clip_then_staleness_and_decay_scaling_equal_numpy():
+    import tensorflow as tf
+
+    from tfsyncmodes.exchange.staleness import StepVersion, async_exchange
+
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal((4, 3)).astype("float32"), rng.standard_normal(3).astype("float32")]
+    version = StepVersion(read=tf.constant(2, tf.int64), current=tf.constant(7, tf.int64))
+    chain = async_exchange(resolved(mode="async", clip_norm=0.5, staleness_aware_lr=True, lr_decay=0.1),
+                           version=version)
+    out = chain([tf.constant(g) for g in grads] + [None], variables=None)
+
+    norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads))
+    scale = min(1.0, 0.5 / norm) * (1 / (1 + 5)) * (1 / (1 + 0.1 * 7))
+    for got, grad in zip(out[:2], grads):
+        np.testing.assert_allclose(np.asarray(got), grad * scale, rtol=1e-5)
+    assert out[2] is None
+    assert int(version.staleness) == 5
+
+
+def test_remedies_off_is_the_identity():
+    import tensorflow as tf
+
+    from tfsyncmodes.exchange.staleness import async_exchange
+
+    grads = [tf.constant([3.0, -4.0])]
+    out = async_exchange(resolved(mode="async", staleness_aware_lr=False))(grads, variables=None)
+    np.testing.assert_array_equal(np.asarray(out[0]), [3.0, -4.0])
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "RMSprop"])
+def test_wrap_refuses_gradient_scaling_with_adaptive_optimizers(optimizer):
+    import keras
+
+    import tfsyncmodes
+
+    config.set_current(resolved(mode="async", staleness_aware_lr=True))
+    try:
+        with pytest.raises(ConfigError) as raised:
+            tfsyncmodes.wrap(getattr(keras.optimizers, optimizer)(0.01), "async")
+        assert "staleness_aware_lr" in str(raised.value) and "SGD" in str(raised.value)
+        config.set_current(resolved(mode="async", staleness_aware_lr=False))
+        assert tfsyncmodes.wrap(getattr(keras.optimizers, optimizer)(0.01), "async").mode == "async"
+        assert tfsyncmodes.wrap(keras.optimizers.SGD(0.01, momentum=0.9), "async").mode == "async"
+    finally:
+        config.set_current(None)
