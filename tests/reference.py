@@ -37,3 +37,103 @@ def mean_gradient_training(kernel, bias, x, y, optimizer="sgd", lr=LR,
                 lr_t = lr * np.sqrt(1 - beta_2 ** t) / (1 - beta_1 ** t)
                 params[i] = params[i] - lr_t * m[i] / (np.sqrt(v[i]) + epsilon)
     return params
+
+
+# --- hybrid mode ---------------------------------------------------------------------------
+
+def topk_compress(flat, ratio):
+    """(values, int32 indices) of the ceil(ratio * n) entries of largest magnitude."""
+    k = max(1, min(flat.size, int(np.ceil(ratio * flat.size - 1e-9))))
+    indices = np.argsort(-np.abs(flat), kind="stable")[:k].astype(np.int32)
+    return flat[indices], indices
+
+
+def topk_decompress(values, indices, size):
+    dense = np.zeros(size, np.float32)
+    np.add.at(dense, indices, values)
+    return dense
+
+
+def _flat(params):
+    return np.concatenate([p.reshape(-1) for p in params]).astype(np.float32)
+
+
+def _unflat(flat, like):
+    out, start = [], 0
+    for p in like:
+        out.append(flat[start:start + p.size].reshape(p.shape).astype(np.float32))
+        start += p.size
+    return out
+
+
+def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
+    """Each group's update through error feedback and the compressor. Returns, per group, what
+    it sent (decompressed) and the sum of what the other groups sent. Updates `residuals`."""
+    size = updates[0].size
+    wire, sent = [], []
+    for g, update in enumerate(updates):
+        compensated = (update + residuals[g]).astype(np.float32) if error_feedback else update
+        if compression == "topk":
+            dense = topk_decompress(*topk_compress(compensated, ratio), size)
+            wire.append(dense)
+        elif compression == "fp16":
+            wire.append(compensated.astype(np.float16))
+            dense = wire[-1].astype(np.float32)
+        else:
+            dense = compensated
+            wire.append(dense)
+        sent.append(dense)
+        if error_feedback and compression != "none":
+            residuals[g] = (compensated - dense).astype(np.float32)
+    if compression == "topk":
+        others = [np.sum([w for h, w in enumerate(wire) if h != g], axis=0, dtype=np.float32)
+                  for g in range(len(updates))]
+    else:  # an allreduce in the payload's dtype, minus this group's part
+        total = wire[0]
+        for part in wire[1:]:
+            total = (total.astype(np.float32) + part.astype(np.float32)).astype(wire[0].dtype)
+        others = [(total.astype(np.float32) - w.astype(np.float32)).astype(np.float32) for w in wire]
+    return sent, others
+
+
+def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0.01,
+                    error_feedback=True, staleness=0, cross_group="stale", lr=LR):
+    """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias].
+
+    stale: group g applies (its dense mean gradient + the other groups' part of round
+    t - staleness) / groups, where round t sends each group's dense mean gradient through
+    error feedback and the compressor (before round 0: nothing from the others).
+    periodic: each group applies its own mean gradient; at every (staleness + 1)-th step,
+    after the gradients are computed and before they are applied, the groups' model changes
+    since the last average go through error feedback and the compressor, and every group
+    moves to anchor + their mean.
+    """
+    start = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
+    size = _flat(start).size
+    params = [[p.copy() for p in start] for _ in groups]
+    residuals = [np.zeros(size, np.float32) for _ in groups]
+    rounds = []
+    anchor = _flat(start)
+    lr = np.float32(lr)
+    for step in range(x.shape[0]):
+        means = []
+        for g, ranks in enumerate(groups):
+            grads = [_flat(mse_gradients(*[p.astype(np.float64) for p in params[g]], x[step, r], y[step, r]))
+                     for r in ranks]
+            means.append(np.mean(grads, axis=0, dtype=np.float64).astype(np.float32))
+        if cross_group == "periodic":
+            if (step + 1) % (staleness + 1) == 0:
+                deltas = [_flat(p) - anchor for p in params]
+                sent, others = _cross_group_send(deltas, residuals, compression, topk_ratio,
+                                                 error_feedback)
+                anchor = (anchor + (sent[0] + others[0]) / np.float32(len(groups))).astype(np.float32)
+                params = [_unflat(anchor, start) for _ in groups]
+            updates = means
+        else:
+            rounds.append(_cross_group_send(means, residuals, compression, topk_ratio,
+                                            error_feedback)[1])
+            late = rounds[step - staleness] if step >= staleness else [np.zeros(size, np.float32)] * len(groups)
+            updates = [((means[g] + late[g]) / np.float32(len(groups))).astype(np.float32)
+                       for g in range(len(groups))]
+        params = [_unflat(_flat(params[g]) - lr * updates[g], start) for g in range(len(groups))]
+    return params

@@ -48,6 +48,16 @@ def local_cluster(workers: int, ps: int, chief: bool = True) -> Dict[str, List[s
     return cluster
 
 
+def _die_with_parent() -> None:
+    """In the child: be killed when the launcher dies, however it dies (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class Task:
     def __init__(self, role: str, index: int, command: List[str], cluster, lock: threading.Lock):
         self.name = f"{role}:{index}"
@@ -56,15 +66,18 @@ class Task:
                    PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, text=True, errors="replace",
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=_die_with_parent)
         self._reader = threading.Thread(target=self._relay, args=(lock,), daemon=True)
         self._reader.start()
 
     def _relay(self, lock: threading.Lock) -> None:
         for line in self.process.stdout:
             with lock:
-                sys.stdout.write(f"[{self.name}] {line}")
-                sys.stdout.flush()
+                try:
+                    sys.stdout.write(f"[{self.name}] {line}")
+                    sys.stdout.flush()
+                except (BrokenPipeError, ValueError):
+                    pass  # nobody reads our output any more; keep draining the task's
 
     def signal(self, signum: int) -> None:
         try:
@@ -85,8 +98,11 @@ class Launcher:
 
     def say(self, text: str) -> None:
         with self.lock:
-            sys.stdout.write(f"[launch] {text}\n")
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(f"[launch] {text}\n")
+                sys.stdout.flush()
+            except (BrokenPipeError, ValueError):
+                pass
 
     def run(self) -> int:
         cluster = local_cluster(self.args.workers, self.args.ps)

@@ -27,3 +27,62 @@ class HorovodAllreduce(GradientTransform):
         for i, value in zip(present, reduced):
             out[i] = value
         return out
+
+
+class CrossGroupCommunicator:
+    """Carries one payload per group across groups and returns the sum of the *other*
+    groups' updates (a group's own update it already has, dense and fresh).
+
+    `process_set` holds one rank of every group (a column, see
+    :mod:`tfsyncmodes.exchange.groups`); `group_order[i]` is the position, in the process
+    set's rank order, of group i's rank, and `own` this rank's group, so that every column
+    sums in group order. ``None`` as process set: a single group, nothing to exchange.
+    """
+
+    def __init__(self, process_set, group_order, own: int):
+        self.process_set = process_set
+        self.group_order = list(group_order)
+        self.own = own
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_order)
+
+    def send_receive(self, payload, compressor, size: int, name: str):
+        raise NotImplementedError
+
+
+class CrossGroupAllgather(CrossGroupCommunicator):
+    """For sparse payloads (Top-K): each rank's indices differ, so values and int32 indices
+    are allgathered and the other groups' rows decompressed (entries sharing an index add)."""
+
+    def send_receive(self, payload, compressor, size, name):
+        import tensorflow as tf
+
+        if self.process_set is None:
+            return tf.zeros([size], tf.float32)
+        import horovod.tensorflow as hvd
+
+        others = [p for g, p in enumerate(self.group_order) if g != self.own]
+        gathered = []
+        for i, tensor in enumerate(payload):
+            everyone = hvd.allgather(tensor, name=f"{name}.{i}", process_set=self.process_set)
+            rows = tf.reshape(everyone, [self.num_groups, -1])
+            gathered.append(tf.reshape(tf.gather(rows, others), [-1]))
+        return compressor.decompress(tuple(gathered), size)
+
+
+class CrossGroupAllreduce(CrossGroupCommunicator):
+    """For dense payloads (float32, fp16): one allreduce in the payload's own dtype, so fp16
+    puts half the bytes on the wire; the other groups' part is the sum minus this one's."""
+
+    def send_receive(self, payload, compressor, size, name):
+        import tensorflow as tf
+
+        if self.process_set is None:
+            return tf.zeros([size], tf.float32)
+        import horovod.tensorflow as hvd
+
+        summed = tuple(hvd.allreduce(t, op=hvd.Sum, name=f"{name}.{i}", process_set=self.process_set)
+                       for i, t in enumerate(payload))
+        return compressor.decompress(summed, size) - compressor.decompress(tuple(payload), size)

@@ -1,0 +1,237 @@
+"""Hybrid mode: compressors and error feedback against NumPy, group layouts and their bad
+input, and real ``horovodrun -np 4`` jobs (2 groups of 2) checked against NumPy references."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests import reference
+from tests.conftest import PYTHON, REPO, WORKERS, clean_env, run_checked
+from tfsyncmodes import config as config_lib
+from tfsyncmodes import localrun
+from tfsyncmodes.errors import ConfigError
+
+tf = pytest.importorskip("tensorflow")
+
+
+# --- compressors and memory, in this process ----------------------------------------------
+
+@pytest.mark.parametrize("size, ratio", [(18, 0.25), (1000, 0.01), (300_000, 0.01), (300_000, 0.001)])
+def test_topk_selects_the_largest_entries_and_round_trips(size, ratio):
+    from tfsyncmodes.exchange.compressors import TopKCompressor, payload_bytes
+
+    flat = np.random.default_rng(size).standard_normal(size).astype(np.float32)
+    compressor = TopKCompressor(ratio)
+    values, indices = compressor.compress(tf.constant(flat))
+    want_values, want_indices = reference.topk_compress(flat, ratio)
+    assert indices.dtype == tf.int32 and len(indices) == len(want_indices) == compressor.k(size)
+    assert set(indices.numpy().tolist()) == set(want_indices.tolist())
+    np.testing.assert_array_equal(values.numpy(), flat[indices.numpy()])
+    dense = compressor.decompress((values, indices), size).numpy()
+    np.testing.assert_array_equal(dense, reference.topk_decompress(want_values, want_indices, size))
+    # Fewer bytes on the wire: k float32 values + k int32 indices instead of `size` floats.
+    assert int(payload_bytes((values, indices))) == 8 * compressor.k(size) < 4 * size or ratio > 0.4
+
+
+def test_sparse_payloads_of_several_ranks_decompress_to_their_sum():
+    from tfsyncmodes.exchange.compressors import TopKCompressor
+
+    rng = np.random.default_rng(3)
+    parts = [rng.standard_normal(500).astype(np.float32) for _ in range(3)]
+    compressor = TopKCompressor(0.1)
+    payloads = [compressor.compress(tf.constant(p)) for p in parts]
+    concatenated = tuple(tf.concat([p[i] for p in payloads], 0) for i in range(2))
+    want = sum(reference.topk_decompress(*reference.topk_compress(p, 0.1), 500) for p in parts)
+    np.testing.assert_allclose(compressor.decompress(concatenated, 500).numpy(), want, rtol=0, atol=1e-6)
+
+
+def test_fp16_round_trip_is_within_its_bound_and_halves_the_bytes():
+    from tfsyncmodes.exchange.compressors import FP16Compressor, payload_bytes
+
+    flat = (np.random.default_rng(5).standard_normal(10_000) * 10.0 ** np.random.default_rng(6).uniform(
+        -4, 3.5, 10_000)).astype(np.float32)
+    compressor = FP16Compressor()
+    payload = compressor.compress(tf.constant(flat))
+    back = compressor.decompress(payload, flat.size).numpy()
+    np.testing.assert_array_equal(back, flat.astype(np.float16).astype(np.float32))
+    normal = np.abs(flat) >= 2.0 ** -14  # fp16's smallest normal number
+    assert normal.sum() > 9000 and (~normal).sum() > 10
+    assert np.all(np.abs(back - flat)[normal] <= 2.0 ** -11 * np.abs(flat)[normal])
+    assert np.all(np.abs(back - flat)[~normal] <= 2.0 ** -25)  # half the subnormal spacing
+    assert int(payload_bytes(payload)) == 2 * flat.size
+
+
+@pytest.mark.parametrize("compression", ["topk", "fp16"])
+def test_error_feedback_keeps_exactly_the_dropped_mass(compression):
+    from tfsyncmodes.exchange import compressors, memory
+
+    config = config_lib.resolve({"compression": compression, "topk_ratio": 0.05}, environ={}, use_flags=False)
+    compressor, residual = compressors.for_config(config), memory.for_config(config)
+    residual.build(400)
+    rng = np.random.default_rng(9)
+    kept = np.zeros(400, np.float32)
+    total_in, total_sent = np.zeros(400, np.float64), np.zeros(400, np.float64)
+    for _ in range(5):
+        update = rng.standard_normal(400).astype(np.float32)
+        compensated = residual.compensate(tf.constant(update))
+        np.testing.assert_array_equal(compensated.numpy(), update + kept)
+        payload = compressor.compress(compensated)
+        sent = compressor.decompress(payload, 400)
+        residual.update(compensated, sent)
+        kept = residual.residual.numpy()
+        np.testing.assert_array_equal(kept, compensated.numpy() - sent.numpy())
+        if compression == "topk":  # sent entries leave nothing behind, the others stay whole
+            chosen = payload[1].numpy()
+            assert np.all(kept[chosen] == 0)
+            others = np.setdiff1d(np.arange(400), chosen)
+            np.testing.assert_array_equal(kept[others], compensated.numpy()[others])
+        total_in += update
+        total_sent += sent.numpy()
+    np.testing.assert_allclose(total_sent + kept, total_in, rtol=0, atol=1e-5)
+
+
+# --- groups and bad input ------------------------------------------------------------------
+
+def layout(world, local=None, **knobs):
+    from tfsyncmodes.exchange.groups import layout_from_config
+
+    config = config_lib.resolve(knobs, environ={}, use_flags=False)
+    return layout_from_config(config, world, local or world)
+
+
+def test_group_layouts_and_their_columns():
+    assert layout(4, group_size=2).groups == ((0, 1), (2, 3))
+    assert layout(8, local=4).groups == ((0, 1, 2, 3), (4, 5, 6, 7))  # one group per host
+    explicit = layout(4, groups="2,0;3,1")
+    assert explicit.groups == ((0, 2), (1, 3))
+    assert explicit.column_of(3) == (2, 3) and explicit.group_of(3) == 1
+    assert explicit.process_set_ranks() == [[0, 2], [1, 3], [0, 1], [2, 3]]
+    assert layout(4, groups=[[0, 1], [2, 3]]).groups == ((0, 1), (2, 3))
+
+
+@pytest.mark.parametrize("knobs, world, words", [
+    ({"group_size": 3}, 4, ["argument", "group_size", "3 does not divide the world size 4", "divisor of 4"]),
+    ({}, 6, ["local_size", "4 does not divide the world size 6"]),
+    ({"groups": "0,1;2,5"}, 4, ["groups", "rank 5 does not exist in a world of 4", "ranks 0..3"]),
+    ({"groups": "0,1;2"}, 4, ["groups", "rank 3 is in no group"]),
+    ({"groups": "0,1,2;3"}, 4, ["groups", "different sizes (3, 1)", "same number of ranks"]),
+])
+def test_groups_that_do_not_fit_the_world(knobs, world, words):
+    with pytest.raises(ConfigError) as raised:
+        layout(world, local=4, **knobs)
+    for word in words:
+        assert word in str(raised.value)
+
+
+@pytest.mark.parametrize("environ, words", [
+    ({"TFSYNC_GROUPS": "0,1;;2,3"}, ["environment", "TFSYNC_GROUPS", "group 1", "is empty", "e.g. 0,1;2,3"]),
+    ({"TFSYNC_GROUPS": "0,1;1,2"}, ["TFSYNC_GROUPS", "rank 1 is in group 0 and group 1", "exactly one group"]),
+    ({"TFSYNC_GROUPS": "0,x"}, ["TFSYNC_GROUPS", "'x'", "not a rank"]),
+    ({"TFSYNC_TOPK_RATIO": "0"}, ["TFSYNC_TOPK_RATIO", "out of range"]),
+    ({"TFSYNC_COMPRESSION": "zip"}, ["TFSYNC_COMPRESSION", "none, fp16, topk"]),
+    ({"TFSYNC_STALENESS": "-1"}, ["TFSYNC_STALENESS", "out of range"]),
+    ({"TFSYNC_CROSS_GROUP": "gossip"}, ["TFSYNC_CROSS_GROUP", "stale, periodic"]),
+])
+def test_bad_hybrid_knobs_name_source_field_and_fix(environ, words):
+    with pytest.raises(ConfigError) as raised:
+        config_lib.resolve(environ=environ, use_flags=False)
+    for word in words:
+        assert word in str(raised.value)
+
+
+def errors_of(result):
+    return [line for line in (result.stdout + result.stderr).splitlines() if "tfsyncmodes: error:" in line]
+
+
+@pytest.mark.timeout(120)
+def test_hybrid_without_horovodrun_is_one_clear_error():
+    result = localrun.run([PYTHON, os.path.join(REPO, "scripts", "train.py"), "--sync_mode=hybrid", "--epochs=1"],
+                          timeout=90, env=clean_env(), cwd=REPO)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(errors_of(result)) == 1 and "not started by horovodrun" in errors_of(result)[0]
+
+
+@pytest.mark.timeout(120)
+def test_group_size_that_does_not_divide_the_world_fails_on_every_rank():
+    command = localrun.horovodrun_command(4, [PYTHON, os.path.join(REPO, "scripts", "train.py"),
+                                              "--sync_mode=hybrid", "--group_size=3", "--epochs=1"])
+    result = localrun.run(command, timeout=100, env=clean_env(), cwd=REPO)
+    assert result.returncode != 0
+    assert ">:Traceback" not in result.stdout + result.stderr  # no rank (horovodrun itself may)
+    errors = errors_of(result)
+    assert len(errors) == 4, (result.stdout + result.stderr)[-3000:]
+    assert all("flag: --group_size: 3 does not divide the world size 4" in line for line in errors)
+
+
+# --- horovodrun -np 4 against NumPy ----------------------------------------------------------
+
+SCENARIOS = {
+    "plain": {"compression": "none", "staleness": 0, "topk_ratio": 1.0},
+    "topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 0},
+    "stale_fp16": {"compression": "fp16", "staleness": 2},
+    "periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic"},
+}
+
+
+def run_scenarios(tmp_path, scenarios, steps, **env):
+    command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "hybrid_steps.py"), str(tmp_path),
+                                              json.dumps(scenarios), f"--steps={steps}"])
+    run_checked(command, timeout=200, **env)
+    return {name: [np.load(tmp_path / f"{name}.rank{r}.npz") for r in range(4)] for name in scenarios}
+
+
+def check_against_numpy(workers, knobs, steps, tolerance):
+    groups = [list(g) for g in workers[0]["groups"]]
+    x, y = reference.linear_data(steps, 4)
+    want = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
+                                     **{k: v for k, v in knobs.items() if k != "groups"})
+    for w in workers:
+        assert int(w["iterations"]) == steps
+        np.testing.assert_allclose(w["kernel"], want[int(w["group"])][0], rtol=0, atol=tolerance)
+        np.testing.assert_allclose(w["bias"], want[int(w["group"])][1], rtol=0, atol=tolerance)
+        # Ranks of a group hold the same bits: the same group mean, the same payloads.
+        peer = next(v for v in workers if int(v["group"]) == int(w["group"]))
+        np.testing.assert_array_equal(w["kernel"], peer["kernel"])
+    return want
+
+
+@pytest.mark.timeout(240)
+def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
+    steps = 4
+    results = run_scenarios(tmp_path, SCENARIOS, steps, TFSYNC_GROUP_SIZE=2)
+    size = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
+    for name, knobs in SCENARIOS.items():
+        workers = results[name]
+        assert str(workers[0]["optimizer_class"]) == "SyncOptimizer"
+        assert [list(g) for g in workers[0]["groups"]] == [[0, 1], [2, 3]]
+        want = check_against_numpy(workers, knobs, steps, tolerance=1e-6)
+        if name != "plain":  # each group applies its own mean fresh, the others' compressed
+            assert np.abs(want[0][0] - want[1][0]).max() > 1e-4
+        assert all(int(w["dense_bytes"]) == 4 * size for w in workers)
+    # Top-K 1.0, no compression, staleness 0 is sync mode: the mean gradient over all ranks.
+    plain = results["plain"][0]
+    x, y = reference.linear_data(steps, 4)
+    kernel, bias = reference.mean_gradient_training(plain["kernel0"], plain["bias0"], x, y, "sgd")
+    np.testing.assert_allclose(plain["kernel"], kernel, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(plain["bias"], bias, rtol=0, atol=1e-6)
+    assert np.abs(plain["kernel0"] - results["plain"][2]["kernel0"]).max() > 1e-3  # broadcast mattered
+    # Bytes in the history come from the payloads: dense float32, fp16, k values + k indices.
+    k = int(np.ceil(0.25 * size))
+    expected = {"plain": (4 * size, 1.0), "topk": (8 * k, 8 * k / (4 * size)),
+                "stale_fp16": (2 * size, 0.5), "periodic_topk": (8 * k * (steps // 2) / steps, None)}
+    for name, (sent, ratio) in expected.items():
+        w = results[name][0]
+        assert float(w["bytes_sent"]) == pytest.approx(sent)
+        assert float(w["compression_ratio"]) == pytest.approx(ratio or sent / (4 * size))
+
+
+@pytest.mark.timeout(240)
+def test_hybrid_tf_keras_explicit_groups_stale_topk_equal_numpy(tmp_path):
+    knobs = {"compression": "topk", "topk_ratio": 0.2, "staleness": 1}
+    results = run_scenarios(tmp_path, {"stale_topk": knobs}, steps=4, TFSYNC_GROUPS="0,2;1,3",
+                            TF_USE_LEGACY_KERAS=1)
+    workers = results["stale_topk"]
+    assert str(workers[0]["optimizer_class"]) == "SyncSGD"
+    assert [list(g) for g in workers[0]["groups"]] == [[0, 2], [1, 3]]
+    check_against_numpy(workers, knobs, steps=4, tolerance=1e-6)

@@ -1,0 +1,73 @@
+"""Trains a linear model in hybrid mode under several settings and saves what the tests need.
+
+    horovodrun -np 4 python hybrid_steps.py OUTDIR SCENARIOS_JSON [--steps=N] [--optimizer=sgd]
+
+SCENARIOS_JSON maps a scenario name to knob overrides (compression, staleness, ...). The
+groups come from the environment (TFSYNC_GROUP_SIZE / TFSYNC_GROUPS). Every rank gets its own
+rows of a dataset every process can rebuild from the seed, and starts from its own weights,
+so equal results prove the initial broadcast. Saves OUTDIR/<scenario>.rank<R>.npz.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+
+from tests import reference  # noqa: E402
+
+
+def main(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("outdir")
+    parser.add_argument("scenarios")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--optimizer", default="sgd")
+    args = parser.parse_args(argv)
+
+    import tensorflow as tf
+
+    import tfsyncmodes
+    from tfsyncmodes import config as config_lib
+    from tfsyncmodes.exchange import hybrid
+    from tfsyncmodes.keras.compat import keras
+
+    strategy = tfsyncmodes.make_strategy("hybrid")
+    base = strategy.config
+    rank = strategy.worker_index
+    replicas = strategy.num_replicas_in_sync
+    x, y = reference.linear_data(args.steps, replicas)
+
+    def dataset_fn(context):
+        return tf.data.Dataset.from_tensor_slices((x[:, rank], y[:, rank])).unbatch().batch(reference.BATCH)
+
+    for name, overrides in json.loads(args.scenarios).items():
+        config_lib.set_current(config_lib.resolve(dict(overrides, mode="hybrid"), environ={
+            k: v for k, v in os.environ.items() if k.startswith("TFSYNC_")}, use_flags=False))
+        with strategy.scope():
+            keras.utils.set_random_seed(100 + rank)
+            model = keras.Sequential([keras.Input((reference.FEATURES,)),
+                                      keras.layers.Dense(reference.OUTPUTS)])
+            initial = [np.array(w) for w in model.get_weights()]
+            inner = (keras.optimizers.SGD(reference.LR) if args.optimizer == "sgd"
+                     else keras.optimizers.Adam(reference.LR))
+            model.compile(optimizer=tfsyncmodes.wrap(inner, "hybrid"), loss="mse", jit_compile=False)
+        history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
+        parts = hybrid.exchange_parts(model.optimizer)
+        final = model.get_weights()
+        np.savez(os.path.join(args.outdir, f"{name}.rank{rank}.npz"),
+                 kernel0=initial[0], bias0=initial[1], kernel=final[0], bias=final[1],
+                 iterations=int(np.asarray(model.optimizer.iterations)),
+                 groups=np.array(strategy.layout.groups), group=strategy.group_index,
+                 bytes_sent=history.history.get("bytes_sent", [-1.0])[-1],
+                 compression_ratio=history.history.get("compression_ratio", [-1.0])[-1],
+                 dense_bytes=parts[0].traffic.dense_bytes if parts else 0,
+                 optimizer_class=type(model.optimizer).__name__, groups_knob=base.groups,
+                 description=strategy.describe())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,155 @@
+"""Hybrid groups: which Horovod ranks average densely every step, and the process sets that
+carry the exchange inside and across groups.
+
+Ranks of one group hold the same dense group average after the intra-group allreduce, so the
+cross-group exchange needs only one rank per group. Every rank still takes part: rank j of
+each group joins the *column* process set {group[j] for every group}, and the columns run in
+parallel, each carrying the same payloads. That keeps all ranks busy and needs no broadcast
+back into the group. Because columns pair up the j-th members, groups must be equally sized;
+with equal sizes the mean over groups of the group means is also the mean over all ranks.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+from tfsyncmodes.errors import ConfigError
+
+
+def _field(config, key: str) -> Tuple[str, str]:
+    """(source, field) of a knob as ConfigError names them: the flag or env var if given so."""
+    from tfsyncmodes.config import KNOBS_BY_KEY
+
+    knob = KNOBS_BY_KEY[key]
+    source = config.sources.get(key, "default")
+    return source, {"environment": knob.env, "flag": "--" + knob.flag}.get(source, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupLayout:
+    """Groups of ranks (each a sorted tuple) covering ranks 0..world_size-1 exactly once."""
+
+    groups: Tuple[Tuple[int, ...], ...]
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    @property
+    def group_size(self) -> int:
+        return len(self.groups[0])
+
+    def group_of(self, rank: int) -> int:
+        return next(i for i, g in enumerate(self.groups) if rank in g)
+
+    def column_of(self, rank: int) -> Tuple[int, ...]:
+        """The ranks that carry this rank's cross-group exchange: its peers at the same
+        position in every group, ordered by group."""
+        position = self.groups[self.group_of(rank)].index(rank)
+        return tuple(g[position] for g in self.groups)
+
+    def process_set_ranks(self):
+        """Every rank list that needs its own Horovod process set (not the world, not one
+        rank), deduplicated and in one order on every rank."""
+        lists = [sorted(g) for g in self.groups]
+        lists += [sorted(self.column_of(r)) for r in self.groups[0]]
+        out = []
+        for ranks in lists:
+            if 1 < len(ranks) < self.world_size and ranks not in out:
+                out.append(ranks)
+        return out
+
+
+def layout_from_config(config, world_size: int, local_size: int) -> GroupLayout:
+    """The groups `config` asks for, checked against the world; ConfigError if they do not fit."""
+    if config.groups:
+        source, field = _field(config, "groups")
+        groups = tuple(tuple(sorted(int(r) for r in part.split(","))) for part in config.groups.split(";"))
+        ranks = sorted(r for g in groups for r in g)
+        missing = sorted(set(range(world_size)) - set(ranks))
+        extra = [r for r in ranks if r >= world_size]
+        if extra:
+            raise ConfigError(source, field, f"rank {extra[0]} does not exist in a world of {world_size}",
+                              f"use ranks 0..{world_size - 1}")
+        if missing:
+            raise ConfigError(source, field, f"rank {missing[0]} is in no group",
+                              f"list every rank 0..{world_size - 1} exactly once")
+        if len({len(g) for g in groups}) > 1:
+            raise ConfigError(source, field,
+                              f"groups have different sizes ({', '.join(str(len(g)) for g in groups)})",
+                              "give every group the same number of ranks")
+        return GroupLayout(tuple(sorted(groups)))
+    size = config.group_size or local_size
+    source, field = _field(config, "group_size")
+    if config.group_size == 0:
+        source, field = "horovodrun", "local_size (one group per host)"
+    if world_size % size:
+        raise ConfigError(source, field, f"{size} does not divide the world size {world_size}",
+                          f"use a divisor of {world_size}, or list groups with --groups")
+    return GroupLayout(tuple(tuple(range(s, s + size)) for s in range(0, world_size, size)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ActiveGroups:
+    """The layout of this run and this rank's Horovod process sets (None: no peers there)."""
+
+    layout: GroupLayout
+    rank: int
+    group_set: object
+    cross_set: object
+
+    @property
+    def group_index(self) -> int:
+        return self.layout.group_of(self.rank)
+
+
+_active: Optional[ActiveGroups] = None
+
+
+def active() -> Optional[ActiveGroups]:
+    return _active
+
+
+_sets = {}  # sorted rank tuple -> the ProcessSet registered for it
+
+
+def init_horovod(layout: GroupLayout):
+    """Initialises Horovod with the layout's process sets (identically on every rank) and
+    records which of them this rank uses."""
+    global _active
+    import horovod.tensorflow as hvd
+
+    wanted = [tuple(r) for r in layout.process_set_ranks() if tuple(r) not in _sets]
+    if not hvd.is_initialized():
+        new = {ranks: hvd.ProcessSet(list(ranks)) for ranks in wanted}
+        hvd.init(process_sets=list(new.values()))
+        _sets.update(new)
+    else:
+        for ranks in wanted:
+            try:
+                _sets[ranks] = hvd.add_process_set(list(ranks))
+            except Exception as error:  # Horovod raises ValueError or RuntimeError here
+                raise ConfigError("horovod", "process sets",
+                                  f"Horovod was initialised without the hybrid groups ({error})",
+                                  "call make_strategy('hybrid') before hvd.init(), or set "
+                                  "HOROVOD_DYNAMIC_PROCESS_SETS=1") from None
+    if hvd.size() != layout.world_size:
+        raise ConfigError("horovodrun", "-np", f"the groups cover {layout.world_size} ranks but "
+                          f"the world has {hvd.size()}", "make the groups cover every rank")
+    rank = hvd.rank()
+
+    def process_set(ranks):
+        ranks = tuple(sorted(ranks))
+        if len(ranks) <= 1:
+            return None
+        if len(ranks) == layout.world_size:
+            return hvd.global_process_set
+        return _sets[ranks]
+
+    _active = ActiveGroups(layout, rank, process_set(layout.groups[layout.group_of(rank)]),
+                           process_set(layout.column_of(rank)))
+    return hvd

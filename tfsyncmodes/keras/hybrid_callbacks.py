@@ -1,0 +1,66 @@
+"""Callbacks hybrid mode adds: wire traffic in the logs, and draining the background exchange.
+
+Both find the cross-group exchange inside the model's wrapped optimizer, so they work with
+Keras 3 and tf_keras alike.
+"""
+from __future__ import annotations
+
+from tfsyncmodes.keras.compat import keras
+
+
+def _parts(model):
+    from tfsyncmodes.exchange.hybrid import exchange_parts
+
+    optimizer = getattr(model, "optimizer", None)
+    return exchange_parts(optimizer) if optimizer is not None else []
+
+
+class WireTrafficLogger(keras.callbacks.Callback):
+    """Adds ``bytes_sent`` (cross-group payload bytes this rank sent) and
+    ``compression_ratio`` (those bytes over what a float32 exchange sends) to the logs: per
+    step in batch logs, averaged over the epoch's steps in epoch logs (and so in History)."""
+
+    def __init__(self):
+        super().__init__()
+        self._epoch_start = (0, 0)
+
+    def _counters(self):
+        parts = _parts(self.model)
+        if not parts or parts[0].traffic.total is None:
+            return None
+        traffic = parts[0].traffic
+        return traffic, int(traffic.total.numpy()), int(traffic.steps.numpy())
+
+    def on_epoch_begin(self, epoch, logs=None):
+        counters = self._counters()
+        if counters is not None:
+            self._epoch_start = counters[1:]
+
+    def on_train_batch_end(self, batch, logs=None):
+        counters = self._counters()
+        if counters is None or logs is None:
+            return
+        traffic = counters[0]
+        sent = float(traffic.last_step.numpy())
+        logs["bytes_sent"] = sent
+        logs["compression_ratio"] = sent / traffic.dense_bytes
+
+    def on_epoch_end(self, epoch, logs=None):
+        counters = self._counters()
+        if counters is None or logs is None:
+            return
+        traffic, total, steps = counters
+        steps -= self._epoch_start[1]
+        if steps > 0:
+            per_step = (total - self._epoch_start[0]) / steps
+            logs["bytes_sent"] = per_step
+            logs["compression_ratio"] = per_step / traffic.dense_bytes
+
+
+class DrainExchange(keras.callbacks.Callback):
+    """At the end of training, waits until this rank has done its part in every cross-group
+    round it started, so that no peer is left waiting for it."""
+
+    def on_train_end(self, logs=None):
+        for part in _parts(self.model):
+            part.flush()

@@ -1,0 +1,49 @@
+"""Hybrid over Horovod: ranks form groups (Horovod process sets) that average densely every
+step, while updates cross groups compressed and at most ``--staleness`` steps late.
+
+Everything rank-related is Horovod's, as in sync mode, so this is :class:`HorovodStrategy`
+with the groups set up before Horovod starts (process sets are declared at ``hvd.init``) and
+two more required callbacks.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from tfsyncmodes.cluster import HorovodEnv
+from tfsyncmodes.config import SyncConfig
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.exchange import groups
+from tfsyncmodes.strategies.horovod import HorovodStrategy
+
+
+class HybridStrategy(HorovodStrategy):
+    mode = "hybrid"
+
+    def __init__(self, config: SyncConfig, horovod_env: Optional[HorovodEnv]):
+        if horovod_env is None:
+            raise ConfigError(config.sources.get("mode", "argument"), "mode=hybrid",
+                              "this process was not started by horovodrun",
+                              "launch with: horovodrun -np N python ... --sync_mode=hybrid")
+        self.layout = groups.layout_from_config(config, horovod_env.size, horovod_env.local_size)
+        try:
+            import horovod.tensorflow  # noqa: F401
+        except ImportError:
+            pass  # HorovodStrategy reports it
+        else:
+            groups.init_horovod(self.layout)
+        super().__init__(config)
+
+    @property
+    def group_index(self) -> int:
+        return self.layout.group_of(self.worker_index)
+
+    def _correctness_callbacks(self) -> List:
+        from tfsyncmodes.keras.hybrid_callbacks import DrainExchange, WireTrafficLogger
+
+        # Traffic first, so that MetricAverage and History see it; drain at the end.
+        return [WireTrafficLogger()] + super()._correctness_callbacks() + [DrainExchange()]
+
+    def describe(self) -> str:
+        return (super().describe() + f" groups={';'.join(','.join(map(str, g)) for g in self.layout.groups)}"
+                f" group={self.group_index} compression={self.config.compression}"
+                f" staleness={self.config.staleness} cross_group={self.config.cross_group}")
