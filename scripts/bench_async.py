@@ -25,11 +25,11 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 from absl import app, flags  # noqa: E402
 
 import tfsyncmodes  # noqa: E402,F401  (defines --slow_worker and the other knobs)
+from scripts.benchlib import replace_section  # noqa: E402
 
 flags.DEFINE_integer("steps", 400, "Timed steps per cluster run (after 40 warm-up steps).")
 flags.DEFINE_list("workers", ["2", "4"], "Worker counts to measure.")
@@ -141,8 +141,6 @@ def main(argv):
 
 
 def write_report(result):
-    import benchlib
-
     table = [
         "## Async: throughput with one slow worker vs the sum of individual rates",
         "",
@@ -168,7 +166,7 @@ def write_report(result):
         "nothing beyond its own missing steps.",
         "",
     ]
-    benchlib.replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), "async", "\n".join(table))
+    replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), "async", "\n".join(table))
 
 
 if __name__ == "__main__":

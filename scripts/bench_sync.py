@@ -25,6 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
+from scripts.benchlib import replace_section  # noqa: E402
+
 flags.DEFINE_integer("np", 2, "Horovod ranks.")
 flags.DEFINE_integer("steps", 300, "Steps per timed run.")
 flags.DEFINE_integer("repeats", 5, "Timed runs per variant (interleaved); the median counts.")
@@ -141,21 +143,8 @@ def write_report(times, docs_dir):
         table.append(f"| {name} | {result['median_step_ms'][name]:.3f} | "
                      f"{median[name] / median['manual']:.3f} |")
     table += ["", f"Target: fit / manual <= 1.05; measured {result['ratio_fit_over_manual']:.3f}.", ""]
-    _replace_section(os.path.join(docs_dir, "BENCHMARKS.md"), "sync", "\n".join(table))
+    replace_section(os.path.join(docs_dir, "BENCHMARKS.md"), "sync", "\n".join(table))
     return result
-
-
-def _replace_section(path, name, text):
-    """Writes `text` between this benchmark's markers in `path`, leaving other sections alone."""
-    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
-    content = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Benchmarks\n"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in content and end in content:
-        content = content[:content.index(begin)] + block + content[content.index(end) + len(end):]
-    else:
-        content = content.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(content)
 
 
 def main(argv):

@@ -1,7 +1,6 @@
 """Shared fixtures: clean subprocess environments, free loopback ports, no leftover processes."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -10,6 +9,7 @@ import psutil
 import pytest
 
 from tfsyncmodes import localrun
+from tfsyncmodes.launch import free_ports  # noqa: F401  (re-exported for the tests)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "tests", "workers")
@@ -27,20 +27,6 @@ def clean_env(**extra):
     env[OWNER_VAR] = OWNER
     env.update({k: str(v) for k, v in extra.items()})
     return env
-
-
-def free_ports(count):
-    """`count` distinct free TCP ports on 127.0.0.1."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def tf_config(cluster, task_type, index):
