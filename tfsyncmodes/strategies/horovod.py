@@ -14,7 +14,6 @@ from tfsyncmodes.strategies.base import ModeStrategy
 
 def init_horovod():
     """Imports and initialises Horovod, with a clear message when it is not installed."""
-    # A peer that never arrives fails the job after the collective timeout instead of hanging.
     try:
         import horovod.tensorflow as hvd
     except ImportError as error:
@@ -30,6 +29,7 @@ class HorovodStrategy(ModeStrategy):
     backend = "horovod"
 
     def __init__(self, config: SyncConfig):
+        # A peer that never arrives fails the job after the collective timeout instead of hanging.
         os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(config.collective_timeout)))
         self.hvd = init_horovod()
         super().__init__(config, tf.distribute.get_strategy())
