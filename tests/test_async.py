@@ -167,3 +167,13 @@ def test_losing_a_ps_stops_with_a_clear_error_and_a_rerun_resumes(tmp_path):
     assert first_epoch >= 3, "the rerun did not resume from the backup"
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["steps"] == epochs * STEPS_PER_EPOCH
+
+
+@pytest.mark.timeout(240)
+def test_tf_keras_shards_variables_over_two_ps(tmp_path):
+    command = train_command(tmp_path, 2) + ["--ps_shards=2", "--min_shard_bytes=4096"]
+    cluster = Cluster(["--workers", "1", "--ps", "2", "--timeout", "200"], command, TF_USE_LEGACY_KERAS="1")
+    assert cluster.finish(220) == 0, cluster.output[-6000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["steps"] == 2 * STEPS_PER_EPOCH
+    assert "ps_shards          = 2            (flag)" in cluster.output
