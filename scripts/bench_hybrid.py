@@ -1,7 +1,7 @@
-"""Benchmark: hybrid mode's wire bytes, compression cost, and time to a target loss with a
-straggler, against sync mode.
+"""Benchmark: hybrid mode's wire bytes, compression cost, time to a target loss and speed with
+a straggler, against sync mode.
 
-    python scripts/bench_hybrid.py [--np=4] [--steps=120]
+    python scripts/bench_hybrid.py [--np=4] [--steps=120] [--speed_steps=40]
 
 Starts one ``horovodrun -np N`` job (groups of 2) on an MLP of about 1M parameters. Every
 rank measures, interleaved with sync mode on the same model and data:
@@ -13,7 +13,12 @@ rank measures, interleaved with sync mode on the same model and data:
       median step time of sync mode (target <= 0.10);
   (c) with rank 1 slowed 4x (``--slow_worker=1:4.0``), the time until the model's loss on a
       fixed evaluation batch first reaches a target, hybrid (staleness 4) over sync
-      (target <= 0.6). The target is the loss sync reaches after 3/4 of its steps.
+      (target <= 0.6). The target is the loss sync reaches after 3/4 of its steps. Both
+      modes start from the same fresh model, so neither has trained longer before the clock;
+  (d) with rank 1 slowed 4x, the steps per second of a fast-group rank (ranks 2 and 3) in
+      hybrid over the same in sync (target > 1): in sync every rank waits for the straggler
+      at every step, in hybrid only its own group does and the fast group waits for the
+      slow one at most once it is `staleness` rounds ahead.
 
 Results go to docs/bench_hybrid.json and the ``hybrid`` section of docs/BENCHMARKS.md.
 """
@@ -33,7 +38,9 @@ from scripts.benchlib import replace_section  # noqa: E402
 
 flags.DEFINE_integer("np", 4, "Horovod ranks (groups of 2).")
 flags.DEFINE_integer("steps", 120, "Steps of each timed straggler run (c).")
-flags.DEFINE_integer("staleness", 4, "Hybrid staleness for (c).")
+flags.DEFINE_integer("speed_steps", 40, "Steps of each timed speed run (d).")
+flags.DEFINE_integer("staleness", 4, "Hybrid staleness for (c) and (d).")
+flags.DEFINE_enum("cross_group", "stale", ["stale", "periodic"], "Hybrid cross_group for (c) and (d).")
 flags.DEFINE_integer("batch_size", 64, "Per-rank batch size.")
 flags.DEFINE_integer("features", 256, "Input features.")
 flags.DEFINE_integer("hidden", 896, "Hidden units (two hidden layers): about 1M parameters.")
@@ -56,7 +63,7 @@ def worker(out_path: str) -> None:
     from tfsyncmodes.keras.compat import keras
 
     base = {"mode": "hybrid", "group_size": 2, "compression": "topk", "topk_ratio": FLAGS.topk_ratio,
-            "staleness": FLAGS.staleness, "cross_group": "stale", "slow_worker": "1:4.0"}
+            "staleness": FLAGS.staleness, "cross_group": FLAGS.cross_group, "slow_worker": "1:4.0"}
     strategy = tfsyncmodes.make_strategy(config=config_lib.resolve(base, environ={}, use_flags=False))
     hvd = strategy.hvd
     rank = hvd.rank()
@@ -94,12 +101,26 @@ def worker(out_path: str) -> None:
             self.points.append((batch + 1, now - self.began - self.paused, loss))
             self.paused += time.perf_counter() - now
 
+    class StepClock(keras.callbacks.Callback):
+        """Wall time from the end of the first step to the end of the last (the first may
+        still build things)."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0:
+                self.began = time.perf_counter()
+            self.last = time.perf_counter()
+
     results = {}
-    models = {mode: new_model(mode) for mode in ("sync", "hybrid")}
     required = strategy.required_callbacks()
     quiet = [c for c in required if not isinstance(c, SlowWorker)]
-    for mode, model in models.items():  # build, trace, broadcast
-        model.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0, callbacks=quiet)
+
+    def new_models():
+        models = {mode: new_model(mode) for mode in ("sync", "hybrid")}
+        for model in models.values():  # build, trace, broadcast: the same 3 steps for both
+            model.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0, callbacks=quiet)
+        return models
+
+    models = new_models()
 
     # (a) bytes per step from the payloads, and (b) the cost of compressing.
     traffic = hybrid.exchange_parts(models["hybrid"].optimizer)[0].traffic
@@ -124,9 +145,9 @@ def worker(out_path: str) -> None:
     def compress_round_trip(update):
         compensated = memory.compensate(update)
         payload = compressor.compress(compensated)
-        dense = compressor.decompress(payload, results["parameters"])
-        memory.update(compensated, dense)
-        return dense
+        remembered = memory.update(compensated, payload, compressor)
+        with tf.control_dependencies([remembered]):
+            return compressor.decompress(payload, results["parameters"])
 
     compress_round_trip(flat)
     results["compress_s"] = []
@@ -135,10 +156,19 @@ def worker(out_path: str) -> None:
         compress_round_trip(flat).numpy()
         results["compress_s"].append(time.perf_counter() - started)
 
-    # (c) time to the target loss with rank 1 slowed 4x.
+    # (d) steps per second with rank 1 slowed 4x, each mode in turn.
+    for mode, model in models.items():
+        clock = StepClock()
+        hvd.allreduce(tf.constant(0.0), name=f"bench.barrier.speed.{mode}")
+        model.fit(dataset, epochs=1, steps_per_epoch=FLAGS.speed_steps, verbose=0,
+                  callbacks=required + [clock])
+        results[f"{mode}_steps_per_s"] = (FLAGS.speed_steps - 1) / (clock.last - clock.began)
+
+    # (c) time to the target loss with rank 1 slowed 4x, from fresh models.
+    models = new_models()
     for mode, model in models.items():
         clock = LossClock()
-        hvd.allreduce(tf.constant(0.0), name=f"bench.barrier.{mode}")
+        hvd.allreduce(tf.constant(0.0), name=f"bench.barrier.loss.{mode}")
         model.fit(dataset, epochs=1, steps_per_epoch=FLAGS.steps, verbose=0, callbacks=required + [clock])
         results[f"{mode}_curve"] = clock.points
     everyone = hvd.allgather_object(results)
@@ -164,9 +194,12 @@ def write_report(per_rank, docs_dir):
     hybrid_times = [time_to(r["hybrid_curve"], target) for r in per_rank]
     reached = [t for t in hybrid_times if t is not None]
     hybrid_time = min(reached) if reached else None
+    fast = [r for r in range(len(per_rank)) if r >= 2]  # groups 0,1 / 2,3: rank 1 is slowed
+    speed = {mode: statistics.mean(per_rank[r][f"{mode}_steps_per_s"] for r in fast) for mode in ("sync", "hybrid")}
     result = {
         "ranks": FLAGS.np, "groups": "0,1;2,3", "parameters": first["parameters"],
         "per_rank_batch": FLAGS.batch_size, "topk_ratio": FLAGS.topk_ratio, "staleness": FLAGS.staleness,
+        "cross_group": FLAGS.cross_group,
         "a_bytes_per_step": {"topk": first["bytes_sent_per_step"], "dense": first["dense_bytes_per_step"],
                              "ratio": round(first["bytes_sent_per_step"] / first["dense_bytes_per_step"], 4),
                              "target": 0.025},
@@ -179,19 +212,26 @@ def write_report(per_rank, docs_dir):
                                   "hybrid_s_per_rank": [None if t is None else round(t, 3) for t in hybrid_times],
                                   "ratio": None if hybrid_time is None else round(hybrid_time / sync_time, 3),
                                   "target": 0.6},
+        "d_fast_group_speed": {"slow_worker": "1:4.0", "steps": FLAGS.speed_steps, "fast_ranks": fast,
+                               "hybrid_steps_per_s": round(speed["hybrid"], 3),
+                               "sync_steps_per_s": round(speed["sync"], 3),
+                               "steps_per_s_per_rank": {mode: [round(r[f"{mode}_steps_per_s"], 3) for r in per_rank]
+                                                        for mode in ("sync", "hybrid")},
+                               "ratio": round(speed["hybrid"] / speed["sync"], 3), "target": "> 1"},
         "curves": {"sync": sync_curve, "hybrid_rank2": per_rank[2 % len(per_rank)]["hybrid_curve"]},
     }
     os.makedirs(docs_dir, exist_ok=True)
     with open(os.path.join(docs_dir, "bench_hybrid.json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)
     a, b, c = result["a_bytes_per_step"], result["b_compress_cost"], result["c_time_to_target_loss"]
+    d = result["d_fast_group_speed"]
     ratio_c = "not reached" if c["ratio"] is None else f"{c['ratio']:.3f}"
     table = [
-        "## Hybrid: Top-K bytes, compression cost, time to a target loss with a straggler",
+        "## Hybrid: Top-K bytes, compression cost, time to a target loss and speed with a straggler",
         "",
         f"`python scripts/bench_hybrid.py` — horovodrun -np {FLAGS.np} on one host, groups of 2, MLP of "
         f"{result['parameters']:,} parameters, batch {FLAGS.batch_size} per rank, Top-K "
-        f"{FLAGS.topk_ratio:g} with error feedback, staleness {FLAGS.staleness} (cross_group=stale).",
+        f"{FLAGS.topk_ratio:g} with error feedback, staleness {FLAGS.staleness} (cross_group={FLAGS.cross_group}).",
         "",
         "| measure | hybrid | reference | ratio | target |",
         "|---|---:|---:|---:|---:|",
@@ -200,9 +240,13 @@ def write_report(per_rank, docs_dir):
         f"{b['ratio']:.4f} | <= 0.10 |",
         f"| (c) time to loss {c['target_loss']} with rank 1 slowed 4x (s) | "
         f"{'-' if c['hybrid_s'] is None else c['hybrid_s']} | sync {c['sync_s']} | {ratio_c} | <= 0.6 |",
+        f"| (d) steps/s of a fast-group rank with rank 1 slowed 4x | {d['hybrid_steps_per_s']:.2f} | "
+        f"sync {d['sync_steps_per_s']:.2f} | {d['ratio']:.3f} | > 1 |",
         "",
         "(c) takes the first rank whose model reaches the target (the fast group can run up to "
-        "`staleness` steps ahead); evaluation time is excluded.",
+        "`staleness` steps ahead); evaluation time is excluded. Both modes start from the same "
+        "fresh model. (d) averages ranks 2 and 3 over "
+        f"{FLAGS.speed_steps} steps per mode, run one mode after the other in the same job.",
         "",
     ]
     replace_section(os.path.join(docs_dir, "BENCHMARKS.md"), "hybrid", "\n".join(table))
@@ -221,7 +265,9 @@ def main(argv):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.json")
         args = [sys.executable, os.path.abspath(__file__), f"--worker_out={out}", f"--steps={FLAGS.steps}",
-                f"--staleness={FLAGS.staleness}", f"--batch_size={FLAGS.batch_size}",
+                f"--speed_steps={FLAGS.speed_steps}", f"--staleness={FLAGS.staleness}",
+                f"--cross_group={FLAGS.cross_group}",
+                f"--batch_size={FLAGS.batch_size}",
                 f"--features={FLAGS.features}", f"--hidden={FLAGS.hidden}", f"--topk_ratio={FLAGS.topk_ratio}"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
         result = localrun.run(localrun.horovodrun_command(FLAGS.np, args), timeout=3600,
@@ -232,7 +278,8 @@ def main(argv):
         with open(out, encoding="utf-8") as handle:
             per_rank = json.load(handle)
     report = write_report(per_rank, FLAGS.docs_dir)
-    print(json.dumps({k: report[k] for k in ("a_bytes_per_step", "b_compress_cost", "c_time_to_target_loss")},
+    print(json.dumps({k: report[k] for k in ("a_bytes_per_step", "b_compress_cost", "c_time_to_target_loss",
+                                                        "d_fast_group_speed")},
                      indent=2))
 
 

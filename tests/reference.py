@@ -97,8 +97,10 @@ def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
 
 
 def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0.01,
-                    error_feedback=True, staleness=0, cross_group="stale", lr=LR):
-    """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias].
+                    error_feedback=True, staleness=0, cross_group="stale", warmup_steps=0, lr=LR,
+                    consensus=True):
+    """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias],
+    with periodic (and `consensus`), at the end every group holds the mean over all ranks.
 
     stale: group g applies (its dense mean gradient + the other groups' part of round
     t - staleness) / groups, where round t sends each group's dense mean gradient through
@@ -107,6 +109,9 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     after the gradients are computed and before they are applied, the groups' model changes
     since the last average go through error feedback and the compressor, and every group
     moves to anchor + their mean.
+    The first `warmup_steps` steps have staleness 0 (stale: round t applies at step t, and
+    the first `staleness` rounds after the warm-up apply nothing from the others, whose warm-up
+    rounds were applied already; periodic: an average every step).
     """
     start = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     size = _flat(start).size
@@ -122,7 +127,7 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
                      for r in ranks]
             means.append(np.mean(grads, axis=0, dtype=np.float64).astype(np.float32))
         if cross_group == "periodic":
-            if (step + 1) % (staleness + 1) == 0:
+            if (step + 1) % (staleness + 1) == 0 or step < warmup_steps:
                 deltas = [_flat(p) - anchor for p in params]
                 sent, others = _cross_group_send(deltas, residuals, compression, topk_ratio,
                                                  error_feedback)
@@ -132,8 +137,14 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
         else:
             rounds.append(_cross_group_send(means, residuals, compression, topk_ratio,
                                             error_feedback)[1])
-            late = rounds[step - staleness] if step >= staleness else [np.zeros(size, np.float32)] * len(groups)
+            due = step if step < warmup_steps else step - staleness
+            late = rounds[due] if due >= 0 and (due >= warmup_steps or step < warmup_steps) \
+                else [np.zeros(size, np.float32)] * len(groups)
             updates = [((means[g] + late[g]) / np.float32(len(groups))).astype(np.float32)
                        for g in range(len(groups))]
         params = [_unflat(_flat(params[g]) - lr * updates[g], start) for g in range(len(groups))]
-    return params
+    if cross_group != "periodic" or not consensus:
+        return params
+    ranks = [_flat(params[g]) for g, group in enumerate(groups) for _ in group]
+    consensus = _unflat(np.sum(ranks, axis=0, dtype=np.float32) / np.float32(len(ranks)), start)
+    return [consensus for _ in groups]

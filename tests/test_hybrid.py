@@ -78,7 +78,7 @@ def test_error_feedback_keeps_exactly_the_dropped_mass(compression):
         np.testing.assert_array_equal(compensated.numpy(), update + kept)
         payload = compressor.compress(compensated)
         sent = compressor.decompress(payload, 400)
-        residual.update(compensated, sent)
+        residual.update(compensated, payload, compressor)
         kept = residual.residual.numpy()
         np.testing.assert_array_equal(kept, compensated.numpy() - sent.numpy())
         if compression == "topk":  # sent entries leave nothing behind, the others stay whole
@@ -153,24 +153,31 @@ def test_hybrid_without_horovodrun_is_one_clear_error():
 
 
 @pytest.mark.timeout(120)
-def test_group_size_that_does_not_divide_the_world_fails_on_every_rank():
+def test_group_size_that_does_not_divide_the_world_is_one_clear_error_per_rank():
     command = localrun.horovodrun_command(4, [PYTHON, os.path.join(REPO, "scripts", "train.py"),
                                               "--sync_mode=hybrid", "--group_size=3", "--epochs=1"])
     result = localrun.run(command, timeout=100, env=clean_env(), cwd=REPO)
     assert result.returncode != 0
     assert ">:Traceback" not in result.stdout + result.stderr  # no rank (horovodrun itself may)
+    # horovodrun stops the other ranks as soon as one exits, so some may not get to report.
     errors = errors_of(result)
-    assert len(errors) == 4, (result.stdout + result.stderr)[-3000:]
+    ranks = [line.split("]")[0] for line in errors]
+    assert 1 <= len(errors) <= 4 and len(set(ranks)) == len(ranks), (result.stdout + result.stderr)[-3000:]
     assert all("flag: --group_size: 3 does not divide the world size 4" in line for line in errors)
 
 
 # --- horovodrun -np 4 against NumPy ----------------------------------------------------------
 
 SCENARIOS = {
-    "plain": {"compression": "none", "staleness": 0, "topk_ratio": 1.0},
-    "topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 0},
-    "stale_fp16": {"compression": "fp16", "staleness": 2},
+    "plain": {"compression": "none", "staleness": 0, "topk_ratio": 1.0, "cross_group": "stale"},
+    "topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 0, "cross_group": "stale"},
+    "stale_fp16": {"compression": "fp16", "staleness": 2, "cross_group": "stale"},
     "periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic"},
+    # Steps 0, 1 in lockstep; step 2 gets nothing from round 1 (applied at step 1), step 3 round 2.
+    "warmup_stale_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "warmup_steps": 2,
+                          "cross_group": "stale"},
+    "warmup_periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 2, "warmup_steps": 1,
+                             "cross_group": "periodic"},
 }
 
 
@@ -190,9 +197,12 @@ def check_against_numpy(workers, knobs, steps, tolerance):
         assert int(w["iterations"]) == steps
         np.testing.assert_allclose(w["kernel"], want[int(w["group"])][0], rtol=0, atol=tolerance)
         np.testing.assert_allclose(w["bias"], want[int(w["group"])][1], rtol=0, atol=tolerance)
-        # Ranks of a group hold the same bits: the same group mean, the same payloads.
-        peer = next(v for v in workers if int(v["group"]) == int(w["group"]))
-        np.testing.assert_array_equal(w["kernel"], peer["kernel"])
+        # Ranks of a group hold the same bits: the same group mean, the same payloads. With
+        # periodic, training ends with one model: every rank holds the same bits.
+        peers = workers if knobs.get("cross_group") == "periodic" else [
+            v for v in workers if int(v["group"]) == int(w["group"])]
+        for peer in peers:
+            np.testing.assert_array_equal(w["kernel"], peer["kernel"])
     return want
 
 
@@ -205,9 +215,12 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
         workers = results[name]
         assert str(workers[0]["optimizer_class"]) == "SyncOptimizer"
         assert [list(g) for g in workers[0]["groups"]] == [[0, 1], [2, 3]]
-        want = check_against_numpy(workers, knobs, steps, tolerance=1e-6)
-        if name != "plain":  # each group applies its own mean fresh, the others' compressed
-            assert np.abs(want[0][0] - want[1][0]).max() > 1e-4
+        check_against_numpy(workers, knobs, steps, tolerance=1e-6)
+        if name != "plain":  # groups drift apart (for periodic: before the final mean)
+            x, y = reference.linear_data(steps, 4)
+            apart = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y,
+                                              [[0, 1], [2, 3]], consensus=False, **knobs)
+            assert np.abs(apart[0][0] - apart[1][0]).max() > 1e-4
         assert all(int(w["dense_bytes"]) == 4 * size for w in workers)
     # Top-K 1.0, no compression, staleness 0 is sync mode: the mean gradient over all ranks.
     plain = results["plain"][0]
@@ -228,7 +241,7 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_hybrid_tf_keras_explicit_groups_stale_topk_equal_numpy(tmp_path):
-    knobs = {"compression": "topk", "topk_ratio": 0.2, "staleness": 1}
+    knobs = {"compression": "topk", "topk_ratio": 0.2, "staleness": 1, "cross_group": "stale"}
     results = run_scenarios(tmp_path, {"stale_topk": knobs}, steps=4, TFSYNC_GROUPS="0,2;1,3",
                             TF_USE_LEGACY_KERAS=1)
     workers = results["stale_topk"]

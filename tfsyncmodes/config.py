@@ -161,10 +161,13 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("staleness", "staleness", 2, _number(int, 0, 1000),
          "Hybrid: a group may run at most this many steps ahead of the slowest group "
          "(0: groups stay in lockstep)."),
-    Knob("cross_group", "cross_group", "stale", _choice(("stale", "periodic")),
-         "Hybrid: stale (a background exchange every step, applied up to staleness steps "
-         "late) or periodic (local SGD: groups average their model changes every "
-         "staleness+1 steps)."),
+    Knob("cross_group", "cross_group", "periodic", _choice(("stale", "periodic")),
+         "Hybrid: periodic (local SGD: groups average their model changes every "
+         "staleness+1 steps, and their models at the end) or stale (a background exchange "
+         "every step, applied up to staleness steps late)."),
+    Knob("warmup_steps", "warmup_steps", 0, _number(int, 0, 1 << 30),
+         "Hybrid: the first this many steps run in lockstep (staleness 0) before the "
+         "staleness bound applies."),
 )
 KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}
 

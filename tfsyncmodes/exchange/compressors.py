@@ -64,7 +64,7 @@ class TopKCompressor(Compressor):
         size = flat.shape[0]
         if size >= 2 ** 31:
             raise ValueError(f"{size} entries do not fit int32 indices")
-        indices = top_k_indices(tf.abs(flat), self.k(size))
+        indices = top_k_indices(flat, self.k(size))
         return tf.gather(flat, indices), indices
 
     def decompress(self, payload, size):
@@ -76,30 +76,30 @@ class TopKCompressor(Compressor):
         return [(tf.float32, [k]), (tf.int32, [k])]
 
 
-def top_k_indices(magnitudes: tf.Tensor, k: int, sample_size: int = 20000) -> tf.Tensor:
-    """int32 indices of the k largest of `magnitudes` (a 1-D tensor of static size).
+def top_k_indices(flat: tf.Tensor, k: int, sample_size: int = 20000) -> tf.Tensor:
+    """int32 indices of the k entries of largest magnitude of `flat` (1-D, static size).
 
     ``tf.math.top_k`` over millions of entries is slow on CPU. As in Deep Gradient Compression,
     a threshold is estimated from an evenly strided sample, set to keep about twice k entries;
     the exact Top-K is then taken among the entries above it. If the estimate keeps fewer than
     k entries, the full ``top_k`` runs instead, so the result is always the exact Top-K.
+    Magnitudes are taken of the sample and of the candidates only, besides the one comparison
+    over every entry.
     """
-    size = magnitudes.shape[0]
+    size = flat.shape[0]
     if size <= 4 * sample_size or 8 * k > size:
-        return tf.math.top_k(magnitudes, k, sorted=False).indices
-    stride = size // sample_size
-    sample = magnitudes[::stride]
+        return tf.math.top_k(tf.abs(flat), k, sorted=False).indices
+    sample = tf.abs(flat[::size // sample_size])
     keep = max(1, int(math.ceil(2.0 * k / size * int(sample.shape[0]))))
-    threshold = tf.math.top_k(sample, keep, sorted=False).values
-    threshold = tf.reduce_min(threshold)
-    candidates = tf.cast(tf.where(magnitudes >= threshold)[:, 0], tf.int32)
+    threshold = tf.reduce_min(tf.math.top_k(sample, keep, sorted=False).values)
+    candidates = tf.cast(tf.where(tf.abs(flat) >= threshold)[:, 0], tf.int32)
 
     def among_candidates():
-        best = tf.math.top_k(tf.gather(magnitudes, candidates), k, sorted=False).indices
+        best = tf.math.top_k(tf.abs(tf.gather(flat, candidates)), k, sorted=False).indices
         return tf.gather(candidates, best)
 
     def full():
-        return tf.math.top_k(magnitudes, k, sorted=False).indices
+        return tf.math.top_k(tf.abs(flat), k, sorted=False).indices
 
     return tf.cond(tf.size(candidates) >= k, among_candidates, full)
 

@@ -16,8 +16,12 @@ The transport decides the bounded asynchrony (``--cross_group``):
 * ``periodic``: :class:`PeriodicAverage` (local SGD) lets groups train on their own group
   means and, every staleness + 1 steps, averages their model changes since the last average.
 
-``staleness = 0`` runs the exchange inside the training step (:class:`InStep`): groups stay
-in lockstep, and with ``compression=none`` the update equals sync mode's.
+At the end of training, ``periodic`` moves every rank to the mean of the groups' models, so a
+run ends with one model (:meth:`PeriodicAverage.finish`).
+
+The first ``warmup_steps`` steps are lockstep in both. ``staleness = 0`` runs the exchange
+inside the training step (:class:`InStep`): groups stay in lockstep, and with
+``compression=none`` the update equals sync mode's.
 """
 from __future__ import annotations
 
@@ -108,18 +112,24 @@ class InStep:
 
 
 class BackgroundExchange(InStep):
-    """The exchange runs on a thread, `staleness` rounds behind the training step.
+    """The exchange runs on a thread, `staleness` rounds behind the training step, after
+    `warmup_steps` steps that exchange inside the step (in lockstep).
 
     Step t puts its payload in an outbox queue and takes round t - staleness's result (the
     other groups' updates) from an inbox queue that starts with `staleness` zero updates. The thread takes payloads in order,
     exchanges them across groups (every rank of a column does the same rounds in the same
     order) and puts the means in the inbox. The blocking take is the staleness bound: a fast
     group waits exactly when it is `staleness` rounds ahead of the slowest one.
+
+    The warm-up keeps the first, largest and fastest-changing updates fresh, as Deep Gradient
+    Compression's warm-up does. The zero updates the inbox starts with then stand for the last
+    `staleness` warm-up rounds, which were applied in their own step.
     """
 
-    def __init__(self, communicator, compressor, staleness: int):
+    def __init__(self, communicator, compressor, staleness: int, warmup_steps: int = 0):
         super().__init__(communicator, compressor)
         self.staleness = staleness
+        self.warmup_steps = warmup_steps
         self._served = 0
         self._sent = None
         self._error = None
@@ -137,14 +147,25 @@ class BackgroundExchange(InStep):
             for _ in range(self.staleness):
                 self._inbox.enqueue([tf.zeros([size], tf.float32)])
             self._sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="hybrid_rounds_sent")
+            self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="hybrid_steps")
         self._thread = threading.Thread(target=self._serve, name="tfsync-hybrid-exchange", daemon=True)
         self._thread.start()
         atexit.register(self.close)
 
     def __call__(self, payload):
-        put = self._outbox.enqueue(list(payload))
-        with tf.control_dependencies([put, self._sent.assign_add(1)]):
-            return self._inbox.dequeue()
+        def in_step():
+            return InStep.__call__(self, payload)
+
+        def background():
+            put = self._outbox.enqueue(list(payload))
+            with tf.control_dependencies([put, self._sent.assign_add(1)]):
+                return self._inbox.dequeue()
+
+        if not self.warmup_steps:
+            return background()
+        others = tf.cond(self._step < self.warmup_steps, in_step, background)
+        with tf.control_dependencies([self._step.assign_add(1)]):
+            return tf.identity(others)
 
     def _serve(self):
         while True:
@@ -206,6 +227,7 @@ class CrossGroupExchange(GradientTransform):
 
     def build(self, variables):
         size = _flat_size(variables)
+        self.variables = list(variables)
         self.memory.build(size)
         self.traffic.build(size)
         self.transport.build(size)
@@ -215,37 +237,58 @@ class CrossGroupExchange(GradientTransform):
         return self.transport.communicator.num_groups
 
     def send(self, flat):
-        """The payload of `flat` after error feedback and its decompressed form, with memory
-        and counters updated."""
+        """The payload of `flat` after error feedback, with memory and counters updated."""
         compensated = self.memory.compensate(flat)
         payload = self.compressor.compress(compensated)
-        sent = self.compressor.decompress(payload, int(flat.shape[0]))
-        remembered = self.memory.update(compensated, sent)
+        remembered = self.memory.update(compensated, payload, self.compressor)
         counted = self.traffic.record(payload_bytes(payload))
         with tf.control_dependencies([remembered, counted]):
-            return tuple(tf.identity(t) for t in payload), sent
+            return tuple(tf.identity(t) for t in payload)
 
     def __call__(self, grads, variables):
         # This group's own mean enters dense and fresh; the other groups' arrive compressed
         # (and, with a background exchange, up to `staleness` steps late).
         flat = flatten(grads, variables)
-        others = self.transport(self.send(flat)[0])
+        others = self.transport(self.send(flat))
         mean = (flat + others) / float(self.num_groups)
         return [None if g is None else u for g, u in zip(grads, unflatten(mean, variables))]
 
     def flush(self):
         self.transport.flush()
 
+    def finish(self) -> None:
+        """The end of training, on every rank after flush(): a barrier over all ranks, so that
+        no rank leaves (and so shuts Horovod down) while another column still exchanges."""
+        import horovod.tensorflow as hvd
+
+        hvd.allreduce(tf.constant(0, tf.int32), op=hvd.Sum, process_set=hvd.global_process_set,
+                      name="tfsync.hybrid.finish")
+
 
 class PeriodicAverage(CrossGroupExchange):
     """Local SGD across groups: gradients pass through (each group applies its own group
     mean); every `period` steps the groups average how far their models moved since the last
     average, sent through the compressor with error feedback, and every rank moves to
-    ``anchor + mean change``. Groups are at most period - 1 steps apart between averages."""
+    ``anchor + mean change``. Groups are at most period - 1 steps apart between averages.
+    During the first `warmup_steps` steps they average every step."""
 
-    def __init__(self, compressor, memory, transport, period: int):
+    def __init__(self, compressor, memory, transport, period: int, warmup_steps: int = 0):
         super().__init__(compressor, memory, transport)
         self.period = period
+        self.warmup_steps = warmup_steps
+
+    def finish(self) -> None:
+        """Every rank takes the mean of the groups' models, so that training ends with one
+        model: between averages the groups' weights differ by the steps since the last one.
+        One dense allreduce of the weights over all ranks (groups are equally sized and a
+        group's ranks hold equal weights, so that is the mean over groups), which is also the
+        final barrier. The anchor stays: the next average counts this move as everyone's."""
+        import horovod.tensorflow as hvd
+
+        means = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in self.variables], op=hvd.Average,
+                                      process_set=hvd.global_process_set, name="tfsync.hybrid.finish")
+        for variable, mean in zip(self.variables, means):
+            variable.assign(mean)
 
     def build(self, variables):
         super().build(variables)
@@ -257,7 +300,8 @@ class PeriodicAverage(CrossGroupExchange):
     def __call__(self, grads, variables):
         def average():
             current = flatten([tf.convert_to_tensor(v) for v in variables], variables)
-            payload, sent = self.send(current - self.anchor)
+            payload = self.send(current - self.anchor)
+            sent = self.compressor.decompress(payload, int(current.shape[0]))
             averaged = self.anchor + (sent + self.transport(payload)) / float(self.num_groups)
             updates = [v.assign(u) for v, u in zip(variables, unflatten(averaged, variables))]
             with tf.control_dependencies(updates + [self.anchor.assign(averaged)]):
@@ -276,7 +320,8 @@ class PeriodicAverage(CrossGroupExchange):
         started = tf.cond(tf.equal(self.step, 0), start, lambda: tf.constant(False))
         with tf.control_dependencies([started]):
             step = self.step.assign_add(1)
-        with tf.control_dependencies([tf.cond(step % self.period == 0, average, skip)]):
+        due = tf.logical_or(step % self.period == 0, step <= self.warmup_steps)
+        with tf.control_dependencies([tf.cond(due, average, skip)]):
             return [None if g is None else tf.identity(densify(g)) for g in grads]
 
 
@@ -306,7 +351,7 @@ def hybrid_exchange(config=None) -> GradientTransform:
     communicator_cls = CrossGroupAllgather if compressor.sparse else CrossGroupAllreduce
     communicator = communicator_cls(active.cross_set, order, active.group_index)
     if config.staleness > 0 and config.cross_group == "stale" and layout.num_groups > 1:
-        transport = BackgroundExchange(communicator, compressor, config.staleness)
+        transport = BackgroundExchange(communicator, compressor, config.staleness, config.warmup_steps)
     else:
         transport = InStep(communicator, compressor)
     parts = []
@@ -315,7 +360,7 @@ def hybrid_exchange(config=None) -> GradientTransform:
     if layout.num_groups > 1:
         if config.cross_group == "periodic":
             parts.append(PeriodicAverage(compressor, memory_lib.for_config(config), transport,
-                                         period=config.staleness + 1))
+                                         period=config.staleness + 1, warmup_steps=config.warmup_steps))
         else:
             parts.append(CrossGroupExchange(compressor, memory_lib.for_config(config), transport))
     return chain(*parts)

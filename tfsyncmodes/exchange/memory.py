@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfsyncmodes.exchange.compressors import Compressor, Payload
+
 
 class NoMemory:
     """Nothing is remembered: dropped entries are lost."""
@@ -18,8 +20,9 @@ class NoMemory:
     def compensate(self, flat: tf.Tensor) -> tf.Tensor:
         return flat
 
-    def update(self, compensated: tf.Tensor, sent: tf.Tensor):
-        del compensated, sent
+    def update(self, compensated: tf.Tensor, payload: Payload, compressor: Compressor):
+        """Remembers what `payload` (`compressor`'s output for `compensated`) left out."""
+        del compensated, payload, compressor
         return tf.no_op()
 
 
@@ -28,7 +31,8 @@ class ResidualMemory(NoMemory):
 
     For Top-K the residual is the compensated update with the sent entries zeroed, exactly:
     the sent values are copies of those entries, so their difference is 0, and every other
-    entry is kept as it was.
+    entry is kept as it was. (Zeroing just those entries in place with a scatter measured
+    slower on CPU than this one dense subtraction.)
     """
 
     def __init__(self):
@@ -42,8 +46,9 @@ class ResidualMemory(NoMemory):
     def compensate(self, flat):
         return flat + self.residual
 
-    def update(self, compensated, sent):
-        return self.residual.assign(compensated - sent)
+    def update(self, compensated, payload, compressor):
+        sent = compressor.decompress(payload, int(compensated.shape[0]))
+        return self.residual.assign(compensated - sent, read_value=False)
 
 
 def for_config(config):

@@ -1,4 +1,5 @@
-"""Callbacks hybrid mode adds: wire traffic in the logs, and draining the background exchange.
+"""Callbacks hybrid mode adds: wire traffic in the logs, and draining the cross-group exchange
+at the end of training.
 
 Both find the cross-group exchange inside the model's wrapped optimizer, so they work with
 Keras 3 and tf_keras alike.
@@ -59,8 +60,10 @@ class WireTrafficLogger(keras.callbacks.Callback):
 
 class DrainExchange(keras.callbacks.Callback):
     """At the end of training, waits until this rank has done its part in every cross-group
-    round it started, so that no peer is left waiting for it."""
+    round it started, so that no peer is left waiting for it, and then for every rank (with
+    cross_group=periodic, every rank also moves to the mean of the groups' models)."""
 
     def on_train_end(self, logs=None):
         for part in _parts(self.model):
             part.flush()
+            part.finish()

@@ -46,4 +46,5 @@ class HybridStrategy(HorovodStrategy):
     def describe(self) -> str:
         return (super().describe() + f" groups={';'.join(','.join(map(str, g)) for g in self.layout.groups)}"
                 f" group={self.group_index} compression={self.config.compression}"
-                f" staleness={self.config.staleness} cross_group={self.config.cross_group}")
+                f" staleness={self.config.staleness} cross_group={self.config.cross_group}"
+                f" warmup_steps={self.config.warmup_steps}")
