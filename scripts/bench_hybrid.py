@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from scripts.benchlib import replace_section  # noqa: E402
+from scripts.benchlib import replace_section, run_ranks  # noqa: E402
 
 flags.DEFINE_integer("np", 4, "Horovod ranks (groups of 2).")
 flags.DEFINE_integer("steps", 120, "Steps of each timed straggler run (c).")
@@ -258,25 +258,11 @@ def main(argv):
     if FLAGS.worker_out:
         worker(FLAGS.worker_out)
         return
-    import tempfile
-
-    from tfsyncmodes import localrun
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "results.json")
-        args = [sys.executable, os.path.abspath(__file__), f"--worker_out={out}", f"--steps={FLAGS.steps}",
-                f"--speed_steps={FLAGS.speed_steps}", f"--staleness={FLAGS.staleness}",
-                f"--cross_group={FLAGS.cross_group}",
-                f"--batch_size={FLAGS.batch_size}",
-                f"--features={FLAGS.features}", f"--hidden={FLAGS.hidden}", f"--topk_ratio={FLAGS.topk_ratio}"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
-        result = localrun.run(localrun.horovodrun_command(FLAGS.np, args), timeout=3600,
-                              env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
-        if result.returncode != 0:
-            sys.stderr.write(result.stdout[-3000:] + result.stderr[-5000:])
-            sys.exit(f"bench_hybrid: the horovodrun job failed with status {result.returncode}")
-        with open(out, encoding="utf-8") as handle:
-            per_rank = json.load(handle)
+    per_rank = run_ranks("bench_hybrid", FLAGS.np, __file__, [
+        f"--steps={FLAGS.steps}", f"--speed_steps={FLAGS.speed_steps}", f"--staleness={FLAGS.staleness}",
+        f"--cross_group={FLAGS.cross_group}", f"--batch_size={FLAGS.batch_size}",
+        f"--features={FLAGS.features}", f"--hidden={FLAGS.hidden}", f"--topk_ratio={FLAGS.topk_ratio}"],
+        timeout=3600)
     report = write_report(per_rank, FLAGS.docs_dir)
     print(json.dumps({k: report[k] for k in ("a_bytes_per_step", "b_compress_cost", "c_time_to_target_loss",
                                                         "d_fast_group_speed")},

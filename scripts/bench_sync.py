@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from scripts.benchlib import replace_section  # noqa: E402
+from scripts.benchlib import replace_section, run_ranks  # noqa: E402
 
 flags.DEFINE_integer("np", 2, "Horovod ranks.")
 flags.DEFINE_integer("steps", 300, "Steps per timed run.")
@@ -152,22 +152,9 @@ def main(argv):
     if FLAGS.worker_out:
         worker(FLAGS.worker_out)
         return
-    import tempfile
-
-    from tfsyncmodes import localrun
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "times.json")
-        args = [sys.executable, os.path.abspath(__file__), f"--worker_out={out}", f"--steps={FLAGS.steps}",
-                f"--repeats={FLAGS.repeats}", f"--batch_size={FLAGS.batch_size}",
-                f"--features={FLAGS.features}", f"--hidden={FLAGS.hidden}"]
-        result = localrun.run(localrun.horovodrun_command(FLAGS.np, args), timeout=1800,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-        if result.returncode != 0:
-            sys.stderr.write(result.stdout[-3000:] + result.stderr[-5000:])
-            sys.exit(f"bench_sync: the horovodrun job failed with status {result.returncode}")
-        with open(out, encoding="utf-8") as handle:
-            times = json.load(handle)
+    times = run_ranks("bench_sync", FLAGS.np, __file__, [
+        f"--steps={FLAGS.steps}", f"--repeats={FLAGS.repeats}", f"--batch_size={FLAGS.batch_size}",
+        f"--features={FLAGS.features}", f"--hidden={FLAGS.hidden}"], timeout=1800)
     report = write_report(times, FLAGS.docs_dir)
     print(json.dumps({k: report[k] for k in ("median_step_ms", "ratio_fit_over_manual",
                                              "ratio_wrapped_loop_over_manual")}, indent=2))

@@ -15,3 +15,26 @@ def replace_section(path: str, name: str, text: str) -> None:
         content = content.rstrip("\n") + "\n\n" + block + "\n"
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(content)
+
+
+def run_ranks(name: str, num_proc: int, script: str, flags: list, timeout: float) -> object:
+    """Runs `script` with `flags` as the ranks of one ``horovodrun -np num_proc`` job (loopback
+    only, killed on timeout), passing ``--worker_out=FILE``, and returns the JSON that rank 0
+    wrote there. Exits with a message naming benchmark `name` if the job fails."""
+    import json
+    import sys
+    import tempfile
+
+    from tfsyncmodes import localrun
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "results.json")
+        command = [sys.executable, os.path.abspath(script), f"--worker_out={out}", *flags]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
+        result = localrun.run(localrun.horovodrun_command(num_proc, command), timeout=timeout,
+                              env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
+        if result.returncode != 0:
+            sys.stderr.write(result.stdout[-3000:] + result.stderr[-5000:])
+            sys.exit(f"{name}: the horovodrun job failed with status {result.returncode}")
+        with open(out, encoding="utf-8") as handle:
+            return json.load(handle)

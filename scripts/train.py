@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags, logging  # noqa: E402
 
 import tfsyncmodes  # noqa: E402
-from tfsyncmodes.errors import ConfigError, one_of  # noqa: E402
+from tfsyncmodes.errors import ConfigError  # noqa: E402
 
 flags.DEFINE_integer("epochs", 10, "Passes over the training set.")
 flags.DEFINE_integer("batch_size", 64, "Global batch size (split evenly over the replicas).")

@@ -1,9 +1,7 @@
 """The local cluster launcher: TF_CONFIG per task, prefixed output, teardown in every case."""
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
