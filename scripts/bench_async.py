@@ -65,8 +65,7 @@ def chief(out_path: str) -> None:
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
         model._symbolic_build(data_batch=next(iter(dataset_fn(None))))
     coordinator = strategy.coordinator
-    iterator = iter(coordinator.create_per_worker_dataset(
-        lambda: strategy.tf_strategy.distribute_datasets_from_function(dataset_fn)))
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
     @tf.function
     def step(it):

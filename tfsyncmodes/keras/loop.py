@@ -102,14 +102,11 @@ class CoordinatorRunner(StepRunner):
 
     def prepare(self, model) -> None:
         tf_strategy = self.strategy.tf_strategy
-        coordinator = self.strategy.coordinator
         with tf_strategy.scope():
             model._symbolic_build(data_batch=sample_batch(self.dataset_fn, 1))
             if not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
-        dataset_fn = self.dataset_fn
-        self._iterator = iter(coordinator.create_per_worker_dataset(
-            lambda: tf_strategy.distribute_datasets_from_function(dataset_fn)))
+        self._iterator = iter(self.strategy.distribute_datasets_from_function(self.dataset_fn))
 
         @tf.function
         def worker_function(iterator):

@@ -138,8 +138,9 @@ class AsyncStrategy(ModeStrategy):
         return global_batch_size
 
     def distribute_datasets_from_function(self, dataset_fn: Callable, options=None):
-        """A per-worker dataset: `dataset_fn` runs on every worker with its own input context."""
-        return self.coordinator.create_per_worker_dataset(dataset_fn)
+        """A per-worker dataset: `dataset_fn` runs on every worker with an input context."""
+        return self.coordinator.create_per_worker_dataset(
+            lambda: self._tf_strategy.distribute_datasets_from_function(dataset_fn, options))
 
     def required_callbacks(self) -> List:
         """None on the chief: a ``--slow_worker`` is slowed in its own process (see serve)."""
