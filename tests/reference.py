@@ -98,20 +98,21 @@ def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
 
 def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0.01,
                     error_feedback=True, staleness=0, cross_group="stale", warmup_steps=0, lr=LR,
-                    consensus=True):
+                    consensus=True, schedule=None):
     """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias],
     with periodic (and `consensus`), at the end every group holds the mean over all ranks.
 
-    stale: group g applies (its dense mean gradient + the other groups' part of round
-    t - staleness) / groups, where round t sends each group's dense mean gradient through
-    error feedback and the compressor (before round 0: nothing from the others).
+    stale: group g applies (its dense mean gradient + the other groups' part of the rounds
+    it takes in at step t) / groups, where round t sends each group's dense mean gradient
+    through error feedback and the compressor. `schedule[g][t]` is how many rounds after the
+    warm-up group g has applied once step t is done (the run records it: rounds come in when
+    the slowest group has sent them); without one, every round applies at its own step.
     periodic: each group applies its own mean gradient; at every (staleness + 1)-th step,
     after the gradients are computed and before they are applied, the groups' model changes
     since the last average go through error feedback and the compressor, and every group
     moves to anchor + their mean.
-    The first `warmup_steps` steps have staleness 0 (stale: round t applies at step t, and
-    the first `staleness` rounds after the warm-up apply nothing from the others, whose warm-up
-    rounds were applied already; periodic: an average every step).
+    The first `warmup_steps` steps have staleness 0 (stale: round t applies at step t;
+    periodic: an average every step).
     """
     start = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     size = _flat(start).size
@@ -137,9 +138,17 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
         else:
             rounds.append(_cross_group_send(means, residuals, compression, topk_ratio,
                                             error_feedback)[1])
-            due = step if step < warmup_steps else step - staleness
-            late = rounds[due] if due >= 0 and (due >= warmup_steps or step < warmup_steps) \
-                else [np.zeros(size, np.float32)] * len(groups)
+            late = []
+            for g in range(len(groups)):
+                if step < warmup_steps or schedule is None:
+                    late.append(rounds[step][g])
+                    continue
+                done = step - warmup_steps
+                taken = range(schedule[g][done - 1] if done else 0, schedule[g][done])
+                total = np.zeros(size, np.float32)
+                for j in taken:
+                    total = (total + rounds[warmup_steps + j][g]).astype(np.float32)
+                late.append(total)
             updates = [((means[g] + late[g]) / np.float32(len(groups))).astype(np.float32)
                        for g in range(len(groups))]
         params = [_unflat(_flat(params[g]) - lr * updates[g], start) for g in range(len(groups))]

@@ -173,7 +173,7 @@ SCENARIOS = {
     "topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 0, "cross_group": "stale"},
     "stale_fp16": {"compression": "fp16", "staleness": 2, "cross_group": "stale"},
     "periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic"},
-    # Steps 0, 1 in lockstep; step 2 gets nothing from round 1 (applied at step 1), step 3 round 2.
+    # Steps 0, 1 in lockstep, then rounds apply as they come in, at most one step late.
     "warmup_stale_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "warmup_steps": 2,
                           "cross_group": "stale"},
     "warmup_periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 2, "warmup_steps": 1,
@@ -188,10 +188,35 @@ def run_scenarios(tmp_path, scenarios, steps, **env):
     return {name: [np.load(tmp_path / f"{name}.rank{r}.npz") for r in range(4)] for name in scenarios}
 
 
+def rounds_schedule(workers, knobs, steps):
+    """Each group's count of background rounds applied after each step, as the run recorded
+    it (None: the exchange ran in the step), checked against the staleness bound."""
+    staleness, warmup = knobs.get("staleness", 0), knobs.get("warmup_steps", 0)
+    if knobs.get("cross_group") == "periodic" or staleness == 0:
+        return None
+    groups = [list(g) for g in workers[0]["groups"]]
+    schedule = []
+    for ranks in groups:
+        counts = [list(workers[r]["schedule"]) for r in ranks]
+        assert all(c == counts[0] for c in counts), counts  # the ranks of a group agree
+        assert len(counts[0]) == steps and not any(counts[0][:warmup])  # warm-up: in the step
+        counts = counts[0][warmup:]
+        for done, applied in enumerate(counts):
+            sent = done + 1  # rounds handed over once this step is done
+            assert sent - staleness <= applied <= sent, (counts, staleness)
+            assert done == 0 or applied >= counts[done - 1]
+        schedule.append(counts)
+        # History's cross_group_lag: the epoch's mean of rounds sent but not applied.
+        lag = sum(done + 1 - applied for done, applied in enumerate(counts)) / steps
+        assert all(float(workers[r]["lag"]) == pytest.approx(lag) for r in ranks)
+    return schedule
+
+
 def check_against_numpy(workers, knobs, steps, tolerance):
     groups = [list(g) for g in workers[0]["groups"]]
     x, y = reference.linear_data(steps, 4)
     want = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
+                                     schedule=rounds_schedule(workers, knobs, steps),
                                      **{k: v for k, v in knobs.items() if k != "groups"})
     for w in workers:
         assert int(w["iterations"]) == steps
@@ -219,7 +244,8 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
         if name != "plain":  # groups drift apart (for periodic: before the final mean)
             x, y = reference.linear_data(steps, 4)
             apart = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y,
-                                              [[0, 1], [2, 3]], consensus=False, **knobs)
+                                              [[0, 1], [2, 3]], consensus=False,
+                                              schedule=rounds_schedule(workers, knobs, steps), **knobs)
             assert np.abs(apart[0][0] - apart[1][0]).max() > 1e-4
         assert all(int(w["dense_bytes"]) == 4 * size for w in workers)
     # Top-K 1.0, no compression, staleness 0 is sync mode: the mean gradient over all ranks.

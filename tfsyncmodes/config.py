@@ -164,7 +164,7 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("cross_group", "cross_group", "periodic", _choice(("stale", "periodic")),
          "Hybrid: periodic (local SGD: groups average their model changes every "
          "staleness+1 steps, and their models at the end) or stale (a background exchange "
-         "every step, applied up to staleness steps late)."),
+         "every step, applied as soon as it is in and at most staleness steps late)."),
     Knob("warmup_steps", "warmup_steps", 0, _number(int, 0, 1 << 30),
          "Hybrid: the first this many steps run in lockstep (staleness 0) before the "
          "staleness bound applies."),

@@ -35,6 +35,18 @@ def main(argv):
     from tfsyncmodes.exchange import hybrid
     from tfsyncmodes.keras.compat import keras
 
+    class RoundsApplied(keras.callbacks.Callback):
+        """After each step: how many background cross-group rounds this rank has applied."""
+
+        def on_train_begin(self, logs=None):
+            self.after_step = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            parts = hybrid.exchange_parts(self.model.optimizer)
+            applied = getattr(parts[0].transport, "applied", None) if parts else None
+            if applied is not None:
+                self.after_step.append(int(applied.numpy()))
+
     strategy = tfsyncmodes.make_strategy("hybrid")
     base = strategy.config
     rank = strategy.worker_index
@@ -55,7 +67,9 @@ def main(argv):
             inner = (keras.optimizers.SGD(reference.LR) if args.optimizer == "sgd"
                      else keras.optimizers.Adam(reference.LR))
             model.compile(optimizer=tfsyncmodes.wrap(inner, "hybrid"), loss="mse", jit_compile=False)
-        history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
+        rounds = RoundsApplied()
+        history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0,
+                               callbacks=[rounds])
         parts = hybrid.exchange_parts(model.optimizer)
         final = model.get_weights()
         np.savez(os.path.join(args.outdir, f"{name}.rank{rank}.npz"),
@@ -65,6 +79,8 @@ def main(argv):
                  bytes_sent=history.history.get("bytes_sent", [-1.0])[-1],
                  compression_ratio=history.history.get("compression_ratio", [-1.0])[-1],
                  dense_bytes=parts[0].traffic.dense_bytes if parts else 0,
+                 schedule=np.array(rounds.after_step, np.int64),
+                 lag=history.history.get("cross_group_lag", [-1.0])[-1],
                  optimizer_class=type(model.optimizer).__name__, groups_knob=base.groups,
                  description=strategy.describe())
 

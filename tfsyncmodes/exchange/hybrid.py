@@ -9,8 +9,8 @@ feedback across groups, and a bound on how far a group may run ahead.
 The transport decides the bounded asynchrony (``--cross_group``):
 
 * ``stale``: :class:`BackgroundExchange` runs the cross-group exchange on a thread; step t
-  hands its payload over and takes the other groups' updates of round t - staleness,
-  waiting only if that round is not done yet. A group is therefore never more than
+  hands its payload over and applies the other groups' updates of every round that is done,
+  waiting only if round t - staleness is not. A group is therefore never more than
   `staleness` steps ahead of the slowest one. Each group applies
   ``(own dense group mean + other groups' compressed updates) / groups``.
 * ``periodic``: :class:`PeriodicAverage` (local SGD) lets groups train on their own group
@@ -112,24 +112,33 @@ class InStep:
 
 
 class BackgroundExchange(InStep):
-    """The exchange runs on a thread, `staleness` rounds behind the training step, after
-    `warmup_steps` steps that exchange inside the step (in lockstep).
+    """The exchange runs on a thread, and its results are applied as soon as they are in, at
+    most `staleness` steps late; the first `warmup_steps` steps exchange inside the step (in
+    lockstep).
 
-    Step t puts its payload in an outbox queue and takes round t - staleness's result (the
-    other groups' updates) from an inbox queue that starts with `staleness` zero updates. The thread takes payloads in order,
+    Step t puts its payload (round t) in an outbox queue. The thread takes payloads in order,
     exchanges them across groups (every rank of a column does the same rounds in the same
-    order) and puts the means in the inbox. The blocking take is the staleness bound: a fast
-    group waits exactly when it is `staleness` rounds ahead of the slowest one.
+    order; a round is done when every group has handed it over) and puts the other groups'
+    part in an inbox. Step t then applies every round that is in, and waits only if round
+    t - staleness is not: a group is never more than `staleness` steps ahead of the slowest
+    one, and never waits for it while it is less far ahead.
+
+    The ranks of a group apply the same number of rounds at the same step (each column has its
+    own thread, so one may be a round ahead): they agree on it with a Min over the group, so
+    their models stay equal. :attr:`applied` counts the rounds applied so far, and
+    ``sent - applied`` is how many steps late the exchange runs.
 
     The warm-up keeps the first, largest and fastest-changing updates fresh, as Deep Gradient
-    Compression's warm-up does. The zero updates the inbox starts with then stand for the last
-    `staleness` warm-up rounds, which were applied in their own step.
+    Compression's warm-up does.
     """
 
-    def __init__(self, communicator, compressor, staleness: int, warmup_steps: int = 0):
+    def __init__(self, communicator, compressor, staleness: int, warmup_steps: int = 0,
+                 group_set=None):
         super().__init__(communicator, compressor)
         self.staleness = staleness
         self.warmup_steps = warmup_steps
+        self.group_set = group_set
+        self.applied = None
         self._served = 0
         self._sent = None
         self._error = None
@@ -140,17 +149,30 @@ class BackgroundExchange(InStep):
         super().build(size)
         specs = self.compressor.payload_spec(size)
         with tf.init_scope():
-            self._outbox = tf.queue.FIFOQueue(self.staleness + 2, [d for d, _ in specs],
+            # At most `staleness` rounds wait to be exchanged (the step waits beyond that).
+            self._outbox = tf.queue.FIFOQueue(self.staleness + 1, [d for d, _ in specs],
                                               shapes=[s for _, s in specs], name="hybrid_outbox")
-            self._inbox = tf.queue.FIFOQueue(self.staleness + 2, [tf.float32], shapes=[[size]],
+            self._inbox = tf.queue.FIFOQueue(2 ** 31 - 1, [tf.float32], shapes=[[size]],
                                              name="hybrid_inbox")
-            for _ in range(self.staleness):
-                self._inbox.enqueue([tf.zeros([size], tf.float32)])
             self._sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="hybrid_rounds_sent")
+            self.applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="hybrid_rounds_applied")
             self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="hybrid_steps")
         self._thread = threading.Thread(target=self._serve, name="tfsync-hybrid-exchange", daemon=True)
         self._thread.start()
         atexit.register(self.close)
+
+    def lag(self) -> int:
+        """Rounds handed over but not applied yet: how many steps late the exchange runs."""
+        return int(self._sent.numpy() - self.applied.numpy()) if self._sent is not None else 0
+
+    def _agreed(self, available):
+        """The number of rounds every rank of this group has in (a Min over the group)."""
+        if self.group_set is None:
+            return available
+        import horovod.tensorflow as hvd
+
+        return hvd.allreduce(available, op=hvd.Min, process_set=self.group_set,
+                             name="tfsync.hybrid.rounds_in")
 
     def __call__(self, payload):
         def in_step():
@@ -158,8 +180,14 @@ class BackgroundExchange(InStep):
 
         def background():
             put = self._outbox.enqueue(list(payload))
-            with tf.control_dependencies([put, self._sent.assign_add(1)]):
-                return self._inbox.dequeue()
+            with tf.control_dependencies([put]):
+                sent = self._sent.assign_add(1)
+            required = sent - self.staleness - self.applied
+            ready = self._agreed(tf.cast(self._inbox.size(), tf.int64))
+            count = tf.maximum(ready, required)
+            rounds = self._inbox.dequeue_many(tf.cast(count, tf.int32))
+            with tf.control_dependencies([self.applied.assign_add(count)]):
+                return tf.reduce_sum(rounds, axis=0)
 
         if not self.warmup_steps:
             return background()
@@ -351,7 +379,8 @@ def hybrid_exchange(config=None) -> GradientTransform:
     communicator_cls = CrossGroupAllgather if compressor.sparse else CrossGroupAllreduce
     communicator = communicator_cls(active.cross_set, order, active.group_index)
     if config.staleness > 0 and config.cross_group == "stale" and layout.num_groups > 1:
-        transport = BackgroundExchange(communicator, compressor, config.staleness, config.warmup_steps)
+        transport = BackgroundExchange(communicator, compressor, config.staleness, config.warmup_steps,
+                                       group_set=active.group_set)
     else:
         transport = InStep(communicator, compressor)
     parts = []

@@ -19,11 +19,14 @@ def _parts(model):
 class WireTrafficLogger(keras.callbacks.Callback):
     """Adds ``bytes_sent`` (cross-group payload bytes this rank sent) and
     ``compression_ratio`` (those bytes over what a float32 exchange sends) to the logs: per
-    step in batch logs, averaged over the epoch's steps in epoch logs (and so in History)."""
+    step in batch logs, averaged over the epoch's steps in epoch logs (and so in History).
+    With ``cross_group=stale`` also ``cross_group_lag``: how many steps late the other
+    groups' updates are (rounds handed over but not applied yet; at most ``staleness``)."""
 
     def __init__(self):
         super().__init__()
         self._epoch_start = (0, 0)
+        self._lags = []
 
     def _counters(self):
         parts = _parts(self.model)
@@ -32,7 +35,13 @@ class WireTrafficLogger(keras.callbacks.Callback):
         traffic = parts[0].traffic
         return traffic, int(traffic.total.numpy()), int(traffic.steps.numpy())
 
+    def _lag(self):
+        parts = _parts(self.model)
+        lag = getattr(parts[0].transport, "lag", None) if parts else None
+        return None if lag is None else lag()
+
     def on_epoch_begin(self, epoch, logs=None):
+        self._lags = []
         counters = self._counters()
         if counters is not None:
             self._epoch_start = counters[1:]
@@ -45,6 +54,10 @@ class WireTrafficLogger(keras.callbacks.Callback):
         sent = float(traffic.last_step.numpy())
         logs["bytes_sent"] = sent
         logs["compression_ratio"] = sent / traffic.dense_bytes
+        lag = self._lag()
+        if lag is not None:
+            self._lags.append(lag)
+            logs["cross_group_lag"] = float(lag)
 
     def on_epoch_end(self, epoch, logs=None):
         counters = self._counters()
@@ -56,6 +69,8 @@ class WireTrafficLogger(keras.callbacks.Callback):
             per_step = (total - self._epoch_start[0]) / steps
             logs["bytes_sent"] = per_step
             logs["compression_ratio"] = per_step / traffic.dense_bytes
+        if self._lags:
+            logs["cross_group_lag"] = sum(self._lags) / len(self._lags)
 
 
 class DrainExchange(keras.callbacks.Callback):
