@@ -34,6 +34,20 @@ def test_topk_selects_the_largest_entries_and_round_trips(size, ratio):
     assert int(payload_bytes((values, indices))) == 8 * compressor.k(size) < 4 * size or ratio > 0.4
 
 
+def test_topk_is_exact_when_the_sampled_threshold_keeps_too_few():
+    from tfsyncmodes.exchange.compressors import TopKCompressor
+
+    # Every sampled entry (stride 15) is large, so the threshold from the sample keeps about
+    # 1.3 % of the sample's entries only: fewer than k, and the full top_k must take over.
+    size = 300_000
+    flat = np.random.default_rng(5).standard_normal(size).astype(np.float32)
+    flat[::15] += 100.0
+    compressor = TopKCompressor(0.01)
+    values, indices = compressor.compress(tf.constant(flat))
+    assert set(indices.numpy().tolist()) == set(reference.topk_compress(flat, 0.01)[1].tolist())
+    np.testing.assert_array_equal(values.numpy(), flat[indices.numpy()])
+
+
 def test_sparse_payloads_of_several_ranks_decompress_to_their_sum():
     from tfsyncmodes.exchange.compressors import TopKCompressor
 
