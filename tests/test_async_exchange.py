@@ -56,3 +56,25 @@ def test_wrap_refuses_gradient_scaling_with_adaptive_optimizers(optimizer):
         assert tfsyncmodes.wrap(keras.optimizers.SGD(0.01, momentum=0.9), "async").mode == "async"
     finally:
         config.set_current(None)
+
+
+def test_wrap_keeps_the_knobs_in_force_when_it_wrapped():
+    # Two models in one process with different knobs: each optimizer's exchange is built (at
+    # its first step) from the configuration current when it was wrapped, not at build time.
+    import keras
+    import tensorflow as tf
+
+    import tfsyncmodes
+
+    config.set_current(resolved(mode="async", clip_norm=0.5, staleness_aware_lr=False))
+    try:
+        clipped = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async")
+        config.set_current(resolved(mode="async", clip_norm=0.0, staleness_aware_lr=False))
+        plain = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async")
+        grad = np.array([3.0, -4.0], np.float32)  # norm 5
+        for optimizer, scale in ((clipped, 0.5 / 5.0), (plain, 1.0)):
+            variable = keras.Variable(np.zeros(2, np.float32))
+            optimizer.apply([tf.constant(grad)], [variable])
+            np.testing.assert_allclose(np.asarray(variable), -grad * scale, rtol=1e-6)
+    finally:
+        config.set_current(None)

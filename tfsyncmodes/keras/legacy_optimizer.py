@@ -27,7 +27,8 @@ class _SyncMixin:
         grads = [g for g, _ in grads_and_vars]
         version = self._tfsync_version()
         if getattr(self, "_tfsync_exchange", None) is None:
-            self._tfsync_exchange = exchange.for_mode(self.sync_mode, version=version)
+            self._tfsync_exchange = exchange.for_mode(self.sync_mode, config=self._tfsync_knobs(),
+                                                      version=version)
             self._tfsync_exchange.build(variables)
         if self.sync_mode == "async":
             with tf.control_dependencies([g for g in grads if g is not None]):
@@ -44,6 +45,14 @@ class _SyncMixin:
         version = self._tfsync_version()
         version.read = self.iterations.read_value()
         return version.read
+
+    def _tfsync_knobs(self):
+        """The run's knobs as they were when the optimizer was wrapped (or first used)."""
+        if getattr(self, "_tfsync_config", None) is None:
+            from tfsyncmodes.config import current
+
+            self._tfsync_config = current()
+        return self._tfsync_config
 
     def _tfsync_version(self) -> StepVersion:
         if getattr(self, "_tfsync_step_version", None) is None:
@@ -85,10 +94,9 @@ def wrap(optimizer, mode: str):
         raise ConfigError("wrap", "mode", f"{mode!r} is not accepted", one_of(MODES))
     if isinstance(optimizer, _SyncMixin):
         raise ValueError("this optimizer is already wrapped by tfsyncmodes")
-    if mode == "async":
-        from tfsyncmodes.config import current
-
-        check_inner_optimizer(current(), optimizer)
     wrapped = _sync_class(type(optimizer)).from_config(optimizer.get_config())
     wrapped.sync_mode = mode
+    if mode == "async":
+        check_inner_optimizer(wrapped._tfsync_knobs(), optimizer)
+    wrapped._tfsync_knobs()
     return wrapped

@@ -47,15 +47,16 @@ class SyncOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer = inner_optimizer
         self.mode = mode
         self._exchange = None
+        self._sync_config = current()  # the run's knobs as they are when wrapped
         self._version = StepVersion()
         self.step_staleness = None
         if mode == "async":
-            check_inner_optimizer(current(), inner_optimizer)
+            check_inner_optimizer(self._sync_config, inner_optimizer)
             _make_counter_atomic(inner_optimizer.iterations)
 
     def build(self, var_list):
         self.inner_optimizer.build(var_list)
-        self._exchange = exchange.for_mode(self.mode, version=self._version)
+        self._exchange = exchange.for_mode(self.mode, config=self._sync_config, version=self._version)
         self._exchange.build(var_list)
         super().build(var_list)
 
