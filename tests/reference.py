@@ -98,7 +98,7 @@ def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
 
 def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0.01,
                     error_feedback=True, staleness=0, cross_group="stale", warmup_steps=0, lr=LR,
-                    consensus=True, schedule=None):
+                    consensus=True, schedule=None, staleness_aware_lr=True):
     """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias],
     with periodic (and `consensus`), at the end every group holds the mean over all ranks.
 
@@ -106,7 +106,8 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     it takes in at step t) / groups, where round t sends each group's dense mean gradient
     through error feedback and the compressor. `schedule[g][t]` is how many rounds after the
     warm-up group g has applied once step t is done (the run records it: rounds come in when
-    the slowest group has sent them); without one, every round applies at its own step.
+    the slowest group has sent them); without one, every round applies at its own step. With
+    `staleness_aware_lr` a round applied l steps after its own step counts 1 / (1 + l).
     periodic: each group applies its own mean gradient; at every (staleness + 1)-th step,
     after the gradients are computed and before they are applied, the groups' model changes
     since the last average go through error feedback and the compressor, and every group
@@ -147,7 +148,9 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
                 taken = range(schedule[g][done - 1] if done else 0, schedule[g][done])
                 total = np.zeros(size, np.float32)
                 for j in taken:
-                    total = (total + rounds[warmup_steps + j][g]).astype(np.float32)
+                    weight = np.float32(1.0) / (np.float32(1.0) + np.float32(done - j)) \
+                        if staleness_aware_lr else np.float32(1.0)
+                    total = (total + weight * rounds[warmup_steps + j][g]).astype(np.float32)
                 late.append(total)
             updates = [((means[g] + late[g]) / np.float32(len(groups))).astype(np.float32)
                        for g in range(len(groups))]

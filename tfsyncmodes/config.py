@@ -141,7 +141,8 @@ KNOBS: Tuple[Knob, ...] = (
          "Async: clip each update's gradients to this global norm (0: off)."),
     Knob("staleness_aware_lr", "staleness_aware_lr", True, _boolean,
          "Async: scale each update by 1/(1+staleness), staleness = updates that landed "
-         "between the worker's read and its write."),
+         "between the worker's read and its write. Hybrid with cross_group=stale: scale each "
+         "of the other groups' updates by 1/(1+steps it is applied late)."),
     Knob("lr_decay", "lr_decay", 0.0, _number(float, 0.0, 1e3),
          "Async: scale update n by 1/(1 + lr_decay * n) (inverse-time decay; 0: off)."),
     Knob("momentum", "momentum", 0.9, _number(float, 0.0, 0.999),

@@ -128,16 +128,22 @@ class BackgroundExchange(InStep):
     their models stay equal. :attr:`applied` counts the rounds applied so far, and
     ``sent - applied`` is how many steps late the exchange runs.
 
+    With `discount` (``--staleness_aware_lr``, on by default) a round applied l steps after it
+    was sent counts 1 / (1 + l), as in staleness-aware asynchronous SGD (Zhang et al., 2016):
+    a loose bound lets a fast group run far ahead of a straggler, and the straggler's updates,
+    computed on a model that many steps old, then steer it less.
+
     The warm-up keeps the first, largest and fastest-changing updates fresh, as Deep Gradient
     Compression's warm-up does.
     """
 
     def __init__(self, communicator, compressor, staleness: int, warmup_steps: int = 0,
-                 group_set=None):
+                 group_set=None, discount: bool = False):
         super().__init__(communicator, compressor)
         self.staleness = staleness
         self.warmup_steps = warmup_steps
         self.group_set = group_set
+        self.discount = discount
         self.applied = None
         self._served = 0
         self._sent = None
@@ -182,12 +188,18 @@ class BackgroundExchange(InStep):
             put = self._outbox.enqueue(list(payload))
             with tf.control_dependencies([put]):
                 sent = self._sent.assign_add(1)
-            required = sent - self.staleness - self.applied
+            first = self.applied.read_value()  # the first round this step takes
+            required = sent - self.staleness - first
             ready = self._agreed(tf.cast(self._inbox.size(), tf.int64))
             count = tf.maximum(ready, required)
             rounds = self._inbox.dequeue_many(tf.cast(count, tf.int32))
+            if self.discount:
+                late = sent - 1 - (first + tf.range(count, dtype=tf.int64))  # steps late
+                others = tf.tensordot(1.0 / (1.0 + tf.cast(late, tf.float32)), rounds, 1)
+            else:
+                others = tf.reduce_sum(rounds, axis=0)
             with tf.control_dependencies([self.applied.assign_add(count)]):
-                return tf.reduce_sum(rounds, axis=0)
+                return tf.identity(others)
 
         if not self.warmup_steps:
             return background()
@@ -380,7 +392,7 @@ def hybrid_exchange(config=None) -> GradientTransform:
     communicator = communicator_cls(active.cross_set, order, active.group_index)
     if config.staleness > 0 and config.cross_group == "stale" and layout.num_groups > 1:
         transport = BackgroundExchange(communicator, compressor, config.staleness, config.warmup_steps,
-                                       group_set=active.group_set)
+                                       group_set=active.group_set, discount=config.staleness_aware_lr)
     else:
         transport = InStep(communicator, compressor)
     parts = []
