@@ -58,23 +58,21 @@ def test_wrap_refuses_gradient_scaling_with_adaptive_optimizers(optimizer):
         config.set_current(None)
 
 
-def test_wrap_keeps_the_knobs_in_force_when_it_wrapped():
-    # Two models in one process with different knobs: each optimizer's exchange is built (at
+@pytest.mark.parametrize("legacy, wrapper", [(False, "SyncOptimizer"), (True, "SyncSGD")],
+                         ids=["keras3", "tf_keras"])
+@pytest.mark.timeout(120)
+def test_wrap_keeps_the_knobs_in_force_when_it_wrapped(legacy, wrapper):
+    # Two optimizers in one process wrapped under different knobs: each exchange is built (at
     # its first step) from the configuration current when it was wrapped, not at build time.
-    import keras
-    import tensorflow as tf
+    import json
+    import os
 
-    import tfsyncmodes
+    from tests.conftest import PYTHON, WORKERS, run_checked
 
-    config.set_current(resolved(mode="async", clip_norm=0.5, staleness_aware_lr=False))
-    try:
-        clipped = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async")
-        config.set_current(resolved(mode="async", clip_norm=0.0, staleness_aware_lr=False))
-        plain = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async")
-        grad = np.array([3.0, -4.0], np.float32)  # norm 5
-        for optimizer, scale in ((clipped, 0.5 / 5.0), (plain, 1.0)):
-            variable = keras.Variable(np.zeros(2, np.float32))
-            optimizer.apply([tf.constant(grad)], [variable])
-            np.testing.assert_allclose(np.asarray(variable), -grad * scale, rtol=1e-6)
-    finally:
-        config.set_current(None)
+    result = run_checked([PYTHON, os.path.join(WORKERS, "wrap_knobs.py")], timeout=100,
+                         TF_USE_LEGACY_KERAS="1" if legacy else "0")
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["class"] == wrapper
+    grad = np.array([3.0, -4.0])  # norm 5
+    np.testing.assert_allclose(out["clipped"], -grad * 0.5 / 5.0, rtol=1e-6)
+    np.testing.assert_allclose(out["plain"], -grad, rtol=1e-6)

@@ -1,0 +1,38 @@
+"""Wraps two SGD optimizers under different async knobs (clip_norm 0.5, then off), applies one
+gradient with each, and prints the updated variables as JSON (Keras 3, or tf_keras with
+TF_USE_LEGACY_KERAS=1)."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfsyncmodes  # noqa: E402
+from tfsyncmodes import config  # noqa: E402
+from tfsyncmodes.keras.compat import LEGACY, keras  # noqa: E402
+
+
+def knobs(clip_norm):
+    return config.resolve({"mode": "async", "clip_norm": clip_norm, "staleness_aware_lr": False},
+                          environ={}, use_flags=False)
+
+
+config.set_current(knobs(0.5))
+clipped = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async")
+config.set_current(knobs(0.0))
+plain = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async")
+grad = tf.constant([3.0, -4.0])
+out = {}
+for name, optimizer in (("clipped", clipped), ("plain", plain)):
+    variable = tf.Variable(np.zeros(2, np.float32))
+    if LEGACY:
+        optimizer.apply_gradients([(grad, variable)])
+    else:
+        variable = keras.Variable(np.zeros(2, np.float32))
+        optimizer.apply([grad], [variable])
+    out[name] = np.asarray(variable).tolist()
+out["class"] = type(clipped).__name__
+print(json.dumps(out))
