@@ -9,12 +9,15 @@ rank measures, interleaved with sync mode on the same model and data:
   (a) bytes on the cross-group wire per step, Top-K 1 % (float32 values + int32 indices),
       from the payloads the exchange really sent, over a dense float32 exchange
       (target <= 0.025);
-  (b) Top-K compress (selection + gather) + decompress (scatter) of the whole update, over
-      the median step time of sync mode (target <= 0.10); the error-feedback memory's part
-      (add the residual, keep what was dropped) is timed and reported beside it;
+  (b) Top-K compress (selection + gather) + decompress (segment sum) of the whole update,
+      over a dense training step of the same model and batch with no exchange, both timed on
+      rank 0 while the other ranks wait, so that both have the same cores (target <= 0.10).
+      Reported beside it: the same with the error-feedback memory (add the residual, keep
+      what was dropped), and all ranks compressing at once against sync mode's step (on a
+      host with fewer cores than ranks, small operations suffer more from sharing them);
   (c) with rank 1 slowed 4x (``--slow_worker=1:4.0``), the time until the model's loss on a
-      fixed evaluation batch first reaches a target, hybrid over sync (target <= 0.6). The
-      target is the loss sync reaches after 3/4 of its `steps`; hybrid runs
+      fixed evaluation batch first reaches a target, hybrid over sync (target <= 0.6), for
+      three targets: the losses sync reaches after 1/4, 1/2 and 3/4 of its `steps`; hybrid runs
       `hybrid_steps_factor` times as many steps, so that its fast group can keep training
       while the slow group is still on its way. Both modes start from the same fresh model;
   (d) with rank 1 slowed 4x, the steps per second of a fast-group rank (ranks 2 and 3) in
@@ -52,6 +55,8 @@ flags.DEFINE_integer("batch_size", 64, "Per-rank batch size.")
 flags.DEFINE_integer("features", 256, "Input features.")
 flags.DEFINE_integer("hidden", 896, "Hidden units (two hidden layers): about 1M parameters.")
 flags.DEFINE_float("topk_ratio", 0.01, "Top-K ratio.")
+flags.DEFINE_enum("compression", "topk", ["none", "fp16", "topk"], "Cross-group compression for (c) and (d) "
+                  "((a) and (b) measure it as it is; (b) always times Top-K).")
 flags.DEFINE_string("worker_out", None, "Internal: set when running as a rank of the job.")
 flags.DEFINE_string("docs_dir", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs"),
                     "Where bench_hybrid.json and BENCHMARKS.md go.")
@@ -69,7 +74,7 @@ def worker(out_path: str) -> None:
     from tfsyncmodes.keras.callbacks import SlowWorker
     from tfsyncmodes.keras.compat import keras
 
-    base = {"mode": "hybrid", "group_size": 2, "compression": "topk", "topk_ratio": FLAGS.topk_ratio,
+    base = {"mode": "hybrid", "group_size": 2, "compression": FLAGS.compression, "topk_ratio": FLAGS.topk_ratio,
             "cross_group": FLAGS.cross_group, "slow_worker": "1:4.0"}
     bounds = [int(b) for b in FLAGS.staleness]
     strategy = tfsyncmodes.make_strategy(config=config_lib.resolve(base, environ={}, use_flags=False))
@@ -167,13 +172,30 @@ def worker(out_path: str) -> None:
         with tf.control_dependencies([remembered]):
             return compressor.decompress(payload, size)
 
-    for name, function in (("compress_s", compress_decompress), ("with_memory_s", with_error_feedback)):
-        function(flat)
+    def timed(function, *args):
+        started = time.perf_counter()
+        np.asarray(function(*args))
+        return time.perf_counter() - started
+
+    functions = (("compress_s", compress_decompress, (flat,)), ("with_memory_s", with_error_feedback, (flat,)))
+    for name, function, args in functions:
+        function(*args)
         results[name] = []
-        for _ in range(20):
-            started = time.perf_counter()
-            function(flat).numpy()
-            results[name].append(time.perf_counter() - started)
+        for repeat in range(20):
+            # All ranks at once, as in a training step (they share the cores).
+            hvd.allreduce(tf.constant(0.0), name=f"bench.barrier.{name}.{repeat}")
+            results[name].append(timed(function, *args))
+    # The same on rank 0 alone (the others wait), against a dense training step of the same
+    # model and batch with no exchange at all: cost against compute on equal cores.
+    if rank == 0:
+        local = keras.models.clone_model(models["sync"])
+        local.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss_fn, jit_compile=False)
+        xb, yb = x[:FLAGS.batch_size], y[:FLAGS.batch_size]
+        alone = functions + (("local_step_s", local.train_on_batch, (xb, yb)),)
+        for name, function, args in alone:
+            function(*args)
+            results[f"alone_{name}"] = [timed(function, *args) for _ in range(30)]
+    hvd.allreduce(tf.constant(0.0), name="bench.barrier.alone")
 
     # (d) steps per second with rank 1 slowed 4x, each mode in turn.
     for mode, model in models.items():
@@ -210,22 +232,29 @@ def write_report(per_rank, docs_dir):
     sync_step = statistics.median(s for r in per_rank for s in r["sync_step_s"])
     compress = statistics.median(s for r in per_rank for s in r["compress_s"])
     with_memory = statistics.median(s for r in per_rank for s in r["with_memory_s"])
+    alone = {name: statistics.median(first[f"alone_{name}"]) for name in ("compress_s", "with_memory_s", "local_step_s")}
     sync_curve = first["sync_curve"]
-    target = sync_curve[max(0, len(sync_curve) * 3 // 4 - 1)][2]
-    sync_time = min(t for t in (time_to(r["sync_curve"], target) for r in per_rank) if t is not None)
+    # Targets: the loss sync's model has after 1/4, 1/2 and 3/4 of its steps.
+    targets = {f"{q}/4": sync_curve[max(0, len(sync_curve) * q // 4 - 1)][2] for q in (1, 2, 3)}
+    sync_times = {name: min(t for t in (time_to(r["sync_curve"], loss) for r in per_rank) if t is not None)
+                  for name, loss in targets.items()}
     fast = [r for r in range(len(per_rank)) if r >= 2]  # groups 0,1 / 2,3: rank 1 is slowed
     sync_speed = statistics.mean(per_rank[r]["sync_steps_per_s"] for r in fast)
     straggler = {}
     for bound in bounds:
         mode = f"hybrid_s{bound}"
-        times = [time_to(r[f"{mode}_curve"], target) for r in per_rank]
-        reached = [t for t in times if t is not None]
         speed = statistics.mean(per_rank[r][f"{mode}_steps_per_s"] for r in fast)
-        straggler[str(bound)] = {
-            "c_time_to_target_loss": {
-                "hybrid_s": min(reached) if reached else None,
+        to_target = {}
+        for name, loss in targets.items():
+            times = [time_to(r[f"{mode}_curve"], loss) for r in per_rank]
+            reached = [t for t in times if t is not None]
+            to_target[name] = {
+                "target_loss": round(loss, 4), "sync_s": round(sync_times[name], 3),
+                "hybrid_s": round(min(reached), 3) if reached else None,
                 "hybrid_s_per_rank": [None if t is None else round(t, 3) for t in times],
-                "ratio": round(min(reached) / sync_time, 3) if reached else None, "target": 0.6},
+                "ratio": round(min(reached) / sync_times[name], 3) if reached else None, "target": 0.6}
+        straggler[str(bound)] = {
+            "c_time_to_target_loss": to_target,
             "d_fast_group_speed": {
                 "hybrid_steps_per_s": round(speed, 3),
                 "steps_per_s_per_rank": [round(r[f"{mode}_steps_per_s"], 3) for r in per_rank],
@@ -233,18 +262,25 @@ def write_report(per_rank, docs_dir):
             "curve_rank2": per_rank[2 % len(per_rank)][f"{mode}_curve"]}
     result = {
         "ranks": FLAGS.np, "groups": "0,1;2,3", "parameters": first["parameters"],
-        "per_rank_batch": FLAGS.batch_size, "topk_ratio": FLAGS.topk_ratio, "cross_group": FLAGS.cross_group,
+        "per_rank_batch": FLAGS.batch_size, "topk_ratio": FLAGS.topk_ratio, "compression": FLAGS.compression,
+        "cross_group": FLAGS.cross_group,
         "a_bytes_per_step": {"topk": first["bytes_sent_per_step"], "dense": first["dense_bytes_per_step"],
                              "ratio": round(first["bytes_sent_per_step"] / first["dense_bytes_per_step"], 4),
                              "target": 0.025},
-        "b_compress_cost": {"compress_decompress_ms": round(compress * 1e3, 3),
-                            "with_error_feedback_ms": round(with_memory * 1e3, 3),
-                            "sync_step_ms": round(sync_step * 1e3, 3),
-                            "ratio": round(compress / sync_step, 4),
-                            "ratio_with_error_feedback": round(with_memory / sync_step, 4), "target": 0.10},
+        "b_compress_cost": {
+            "one_rank_alone": {"compress_decompress_ms": round(alone["compress_s"] * 1e3, 3),
+                               "with_error_feedback_ms": round(alone["with_memory_s"] * 1e3, 3),
+                               "dense_step_no_exchange_ms": round(alone["local_step_s"] * 1e3, 3),
+                               "ratio": round(alone["compress_s"] / alone["local_step_s"], 4),
+                               "ratio_with_error_feedback": round(alone["with_memory_s"] / alone["local_step_s"], 4)},
+            "all_ranks_at_once": {"compress_decompress_ms": round(compress * 1e3, 3),
+                                  "with_error_feedback_ms": round(with_memory * 1e3, 3),
+                                  "sync_step_ms": round(sync_step * 1e3, 3),
+                                  "ratio": round(compress / sync_step, 4),
+                                  "ratio_with_error_feedback": round(with_memory / sync_step, 4)},
+            "target": 0.10},
         "straggler": {"slow_worker": "1:4.0", "sync_steps": FLAGS.steps,
                       "hybrid_steps": FLAGS.steps * FLAGS.hybrid_steps_factor, "speed_steps": FLAGS.speed_steps,
-                      "target_loss": round(target, 4), "sync_time_to_target_s": round(sync_time, 3),
                       "sync_fast_rank_steps_per_s": round(sync_speed, 3),
                       "sync_steps_per_s_per_rank": [round(r["sync_steps_per_s"], 3) for r in per_rank],
                       "sync_curve": sync_curve, "by_staleness": straggler},
@@ -257,31 +293,47 @@ def write_report(per_rank, docs_dir):
         "## Hybrid: Top-K bytes, compression cost, time to a target loss and speed with a straggler",
         "",
         f"`python scripts/bench_hybrid.py` — horovodrun -np {FLAGS.np} on one host, groups of 2, MLP of "
-        f"{result['parameters']:,} parameters, batch {FLAGS.batch_size} per rank, Adam, Top-K "
-        f"{FLAGS.topk_ratio:g} with error feedback, cross_group={FLAGS.cross_group}.",
+        f"{result['parameters']:,} parameters, batch {FLAGS.batch_size} per rank, Adam, "
+        f"compression={FLAGS.compression} (Top-K {FLAGS.topk_ratio:g}) with error feedback, "
+        f"cross_group={FLAGS.cross_group}.",
         "",
         "| measure | hybrid | reference | ratio | target |",
         "|---|---:|---:|---:|---:|",
         f"| (a) cross-group bytes per step | {a['topk']:,.0f} | dense float32 {a['dense']:,} | {a['ratio']:.4f} | <= 0.025 |",
-        f"| (b) compress + decompress (ms) | {b['compress_decompress_ms']:.3f} | sync step {b['sync_step_ms']:.3f} | "
-        f"{b['ratio']:.4f} | <= 0.10 |",
-        f"| (b') the same with error feedback (ms) | {b['with_error_feedback_ms']:.3f} | sync step "
-        f"{b['sync_step_ms']:.3f} | {b['ratio_with_error_feedback']:.4f} | |",
+    ]
+    lone, crowd = b["one_rank_alone"], b["all_ranks_at_once"]
+    table += [
+        f"| (b) compress + decompress, one rank alone (ms) | {lone['compress_decompress_ms']:.3f} | dense step, "
+        f"no exchange {lone['dense_step_no_exchange_ms']:.3f} | {lone['ratio']:.4f} | <= 0.10 |",
+        f"| (b) the same with error feedback, one rank alone (ms) | {lone['with_error_feedback_ms']:.3f} | "
+        f"dense step, no exchange {lone['dense_step_no_exchange_ms']:.3f} | {lone['ratio_with_error_feedback']:.4f} | |",
+        f"| (b) compress + decompress, {FLAGS.np} ranks at once (ms) | {crowd['compress_decompress_ms']:.3f} | "
+        f"sync step {crowd['sync_step_ms']:.3f} | {crowd['ratio']:.4f} | |",
+        f"| (b) the same with error feedback, {FLAGS.np} ranks at once (ms) | {crowd['with_error_feedback_ms']:.3f} | "
+        f"sync step {crowd['sync_step_ms']:.3f} | {crowd['ratio_with_error_feedback']:.4f} | |",
     ]
     for bound in bounds:
-        c = straggler[str(bound)]["c_time_to_target_loss"]
         d = straggler[str(bound)]["d_fast_group_speed"]
-        ratio_c = "not reached" if c["ratio"] is None else f"{c['ratio']:.3f}"
-        hybrid_c = "-" if c["hybrid_s"] is None else f"{c['hybrid_s']:.1f}"
-        table += [
-            f"| (c) staleness {bound}: time to loss {target:.4f}, rank 1 slowed 4x (s) | {hybrid_c} | "
-            f"sync {sync_time:.1f} | {ratio_c} | <= 0.6 |",
-            f"| (d) staleness {bound}: steps/s of a fast-group rank, rank 1 slowed 4x | "
-            f"{d['hybrid_steps_per_s']:.2f} | sync {sync_speed:.2f} | {d['ratio']:.3f} | > 1 |",
-        ]
+        table.append(f"| (d) staleness {bound}: steps/s of a fast-group rank, rank 1 slowed 4x | "
+                     f"{d['hybrid_steps_per_s']:.2f} | sync {sync_speed:.2f} | {d['ratio']:.3f} | > 1 |")
     table += [
         "",
-        f"(c): sync runs {FLAGS.steps} steps and its loss after 3/4 of them is the target; hybrid runs "
+        "(c) time to a target loss with rank 1 slowed 4x, hybrid over sync (target <= 0.6), for three "
+        "targets: the loss sync's model has after 1/4, 1/2 and 3/4 of its steps.",
+        "",
+        "| staleness | " + " | ".join(f"loss {loss:.4f} (sync's after {name} of its steps; sync "
+                                      f"{sync_times[name]:.1f} s)" for name, loss in targets.items()) + " |",
+        "|---:|" + "---:|" * len(targets),
+    ]
+    for bound in bounds:
+        cells = []
+        for name in targets:
+            c = straggler[str(bound)]["c_time_to_target_loss"][name]
+            cells.append("not reached" if c["ratio"] is None else f"{c['hybrid_s']:.1f} s: **{c['ratio']:.3f}**")
+        table.append(f"| {bound} | " + " | ".join(cells) + " |")
+    table += [
+        "",
+        f"(c): sync runs {FLAGS.steps} steps; hybrid runs "
         f"{FLAGS.steps * FLAGS.hybrid_steps_factor} steps and the time is that of the first rank whose "
         "model reaches the target (evaluation time excluded). Both modes start from the same fresh "
         f"model. (d) averages ranks 2 and 3 over {FLAGS.speed_steps} steps per mode, run one mode after "
@@ -302,7 +354,7 @@ def main(argv):
         return
     per_rank = run_ranks("bench_hybrid", FLAGS.np, __file__, [
         f"--steps={FLAGS.steps}", f"--speed_steps={FLAGS.speed_steps}", f"--staleness={','.join(FLAGS.staleness)}",
-        f"--hybrid_steps_factor={FLAGS.hybrid_steps_factor}",
+        f"--hybrid_steps_factor={FLAGS.hybrid_steps_factor}", f"--compression={FLAGS.compression}",
         f"--cross_group={FLAGS.cross_group}", f"--batch_size={FLAGS.batch_size}",
         f"--features={FLAGS.features}", f"--hidden={FLAGS.hidden}", f"--topk_ratio={FLAGS.topk_ratio}"],
         timeout=3600)
