@@ -100,7 +100,7 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
                     error_feedback=True, staleness=0, cross_group="stale", warmup_steps=0, lr=LR,
                     consensus=True, schedule=None, staleness_aware_lr=True):
     """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias],
-    with periodic (and `consensus`), at the end every group holds the mean over all ranks.
+    with `consensus`, at the end every group holds the mean over all ranks (the final model average).
 
     stale: group g applies (its dense mean gradient + the other groups' part of the rounds
     it takes in at step t) / groups, where round t sends each group's dense mean gradient
@@ -155,7 +155,7 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
             updates = [((means[g] + late[g]) / np.float32(len(groups))).astype(np.float32)
                        for g in range(len(groups))]
         params = [_unflat(_flat(params[g]) - lr * updates[g], start) for g in range(len(groups))]
-    if cross_group != "periodic" or not consensus:
+    if not consensus or len(groups) == 1:
         return params
     ranks = [_flat(params[g]) for g, group in enumerate(groups) for _ in group]
     consensus = _unflat(np.sum(ranks, axis=0, dtype=np.float32) / np.float32(len(ranks)), start)

@@ -16,8 +16,8 @@ The transport decides the bounded asynchrony (``--cross_group``):
 * ``periodic``: :class:`PeriodicAverage` (local SGD) lets groups train on their own group
   means and, every staleness + 1 steps, averages their model changes since the last average.
 
-At the end of training, ``periodic`` moves every rank to the mean of the groups' models, so a
-run ends with one model (:meth:`PeriodicAverage.finish`).
+At the end of training every rank moves to the mean of the groups' models, so a run ends
+with one model (:meth:`CrossGroupExchange.finish`).
 
 The first ``warmup_steps`` steps are lockstep in both. ``staleness = 0`` runs the exchange
 inside the training step (:class:`InStep`): groups stay in lockstep, and with
@@ -297,12 +297,18 @@ class CrossGroupExchange(GradientTransform):
         self.transport.flush()
 
     def finish(self) -> None:
-        """The end of training, on every rank after flush(): a barrier over all ranks, so that
-        no rank leaves (and so shuts Horovod down) while another column still exchanges."""
+        """The end of training, on every rank after flush(): every rank takes the mean of the
+        groups' models, so that training ends with one model (the groups' weights differ by
+        the updates they have not exchanged yet, or applied late). One dense allreduce of the
+        weights over all ranks (groups are equally sized and a group's ranks hold equal
+        weights, so that is the mean over groups); it is also the final barrier, so that no
+        rank leaves (and so shuts Horovod down) while another column still exchanges."""
         import horovod.tensorflow as hvd
 
-        hvd.allreduce(tf.constant(0, tf.int32), op=hvd.Sum, process_set=hvd.global_process_set,
-                      name="tfsync.hybrid.finish")
+        means = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in self.variables], op=hvd.Average,
+                                      process_set=hvd.global_process_set, name="tfsync.hybrid.finish")
+        for variable, mean in zip(self.variables, means):
+            variable.assign(mean)
 
 
 class PeriodicAverage(CrossGroupExchange):
@@ -310,25 +316,14 @@ class PeriodicAverage(CrossGroupExchange):
     mean); every `period` steps the groups average how far their models moved since the last
     average, sent through the compressor with error feedback, and every rank moves to
     ``anchor + mean change``. Groups are at most period - 1 steps apart between averages.
-    During the first `warmup_steps` steps they average every step."""
+    During the first `warmup_steps` steps they average every step. The final model average
+    (:meth:`CrossGroupExchange.finish`) leaves the anchor as it is: the next average counts
+    that move as everyone's."""
 
     def __init__(self, compressor, memory, transport, period: int, warmup_steps: int = 0):
         super().__init__(compressor, memory, transport)
         self.period = period
         self.warmup_steps = warmup_steps
-
-    def finish(self) -> None:
-        """Every rank takes the mean of the groups' models, so that training ends with one
-        model: between averages the groups' weights differ by the steps since the last one.
-        One dense allreduce of the weights over all ranks (groups are equally sized and a
-        group's ranks hold equal weights, so that is the mean over groups), which is also the
-        final barrier. The anchor stays: the next average counts this move as everyone's."""
-        import horovod.tensorflow as hvd
-
-        means = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in self.variables], op=hvd.Average,
-                                      process_set=hvd.global_process_set, name="tfsync.hybrid.finish")
-        for variable, mean in zip(self.variables, means):
-            variable.assign(mean)
 
     def build(self, variables):
         super().build(variables)
