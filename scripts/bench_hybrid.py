@@ -342,6 +342,14 @@ def write_report(per_rank, docs_dir):
         "runs, so the fast group trains at its own pace and takes in the slow group's updates as they "
         "come.",
         "",
+        "Read with care: (c) times the model of the group that gets there first (during training each "
+        "group holds its own model; the run's final model is their mean, which is not what is timed). "
+        "(d) is per-step throughput: it leaves out the wait at the end of training, where the fast "
+        "group waits for the slow one, so a job's wall time is still set by its slowest group. (b) "
+        "compresses a Gaussian vector (the sampled threshold's good case; skewed gradients may fall "
+        "back to the full top_k more often), and the dense step is one `train_on_batch` call, Keras' "
+        "per-call overhead included.",
+        "",
     ]
     replace_section(os.path.join(docs_dir, "BENCHMARKS.md"), "hybrid", "\n".join(table))
     return result

@@ -21,7 +21,8 @@ class WireTrafficLogger(keras.callbacks.Callback):
     ``compression_ratio`` (those bytes over what a float32 exchange sends) to the logs: per
     step in batch logs, averaged over the epoch's steps in epoch logs (and so in History).
     With ``cross_group=stale`` also ``cross_group_lag``: how many steps late the other
-    groups' updates are (rounds handed over but not applied yet; at most ``staleness``)."""
+    groups' updates are (rounds handed over but not applied yet; at most ``staleness``). Batch
+    logs are this rank's; epoch logs are then averaged over all ranks (``MetricAverage``)."""
 
     def __init__(self):
         super().__init__()
@@ -75,8 +76,13 @@ class WireTrafficLogger(keras.callbacks.Callback):
 
 class DrainExchange(keras.callbacks.Callback):
     """At the end of training, waits until this rank has done its part in every cross-group
-    round it started, so that no peer is left waiting for it, and then for every rank (with
-    cross_group=periodic, every rank also moves to the mean of the groups' models)."""
+    round it started, so that no peer is left waiting for it, and then every rank moves to
+    the mean of the groups' models.
+
+    Callbacks that act at an epoch's end (``ModelCheckpoint``) see the group's own model, not
+    the mean; the final model is the mean. With ``cross_group=stale``, rounds that came in but
+    were not applied yet (at most `staleness` per group) are not in the mean: a later
+    ``fit()`` applies them at its first step."""
 
     def on_train_end(self, logs=None):
         for part in _parts(self.model):

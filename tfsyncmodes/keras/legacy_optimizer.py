@@ -70,6 +70,7 @@ class _SyncMixin:
         mode = config.pop("sync_mode", "sync")
         optimizer = super().from_config(config, custom_objects=custom_objects)
         optimizer.sync_mode = mode
+        optimizer._tfsync_knobs()  # the knobs in force now, as Keras 3's wrapper takes them
         return optimizer
 
 
@@ -98,5 +99,4 @@ def wrap(optimizer, mode: str):
     wrapped.sync_mode = mode
     if mode == "async":
         check_inner_optimizer(wrapped._tfsync_knobs(), optimizer)
-    wrapped._tfsync_knobs()
     return wrapped
