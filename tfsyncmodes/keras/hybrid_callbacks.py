@@ -36,11 +36,6 @@ class WireTrafficLogger(keras.callbacks.Callback):
         traffic = parts[0].traffic
         return traffic, int(traffic.total.numpy()), int(traffic.steps.numpy())
 
-    def _lag(self):
-        parts = _parts(self.model)
-        lag = getattr(parts[0].transport, "lag", None) if parts else None
-        return None if lag is None else lag()
-
     def on_epoch_begin(self, epoch, logs=None):
         self._lags = []
         counters = self._counters()
@@ -48,17 +43,18 @@ class WireTrafficLogger(keras.callbacks.Callback):
             self._epoch_start = counters[1:]
 
     def on_train_batch_end(self, batch, logs=None):
-        counters = self._counters()
-        if counters is None or logs is None:
+        # Every step: one look-up of the exchange, and only the counters the batch logs show.
+        parts = _parts(self.model)
+        if not parts or parts[0].traffic.last_step is None or logs is None:
             return
-        traffic = counters[0]
+        traffic = parts[0].traffic
         sent = float(traffic.last_step.numpy())
         logs["bytes_sent"] = sent
         logs["compression_ratio"] = sent / traffic.dense_bytes
-        lag = self._lag()
+        lag = getattr(parts[0].transport, "lag", None)
         if lag is not None:
-            self._lags.append(lag)
-            logs["cross_group_lag"] = float(lag)
+            self._lags.append(lag())
+            logs["cross_group_lag"] = float(self._lags[-1])
 
     def on_epoch_end(self, epoch, logs=None):
         counters = self._counters()

@@ -47,7 +47,7 @@ class _SyncMixin:
         return version.read
 
     def _tfsync_knobs(self):
-        """The run's knobs as they were when the optimizer was wrapped (or first used)."""
+        """The run's knobs as they were when the optimizer was wrapped or loaded."""
         if getattr(self, "_tfsync_config", None) is None:
             from tfsyncmodes.config import current
 
