@@ -123,24 +123,34 @@ class Launcher:
                 status = 130
                 break
             if chief.process.poll() is not None:
+                # A task that failed first (and so, often, ended the chief) is reported too;
+                # one that exited 0 may just have seen the chief finish.
+                self._report_exits(reported, failures_only=True)
                 status = chief.process.returncode
                 break
-            for task in self.tasks[:-1]:
-                code = task.process.poll()
-                if code is None or task.name in reported:
-                    continue
-                reported.add(task.name)
-                if task.role == "worker" and self.args.tolerate_worker_loss:
-                    self.say(f"{task.name} exited with status {code}; the others go on")
-                else:
-                    self.say(f"{task.name} exited with status {code}; stopping the cluster")
-                    status = 1
+            status = self._report_exits(reported)
             if deadline is not None and time.monotonic() > deadline:
                 self.say(f"timeout after {self.args.timeout:g}s; stopping the cluster")
                 status = 124
             time.sleep(0.1)
         self.teardown()
         self.say("exit statuses: " + " ".join(f"{t.name}={t.process.returncode}" for t in self.tasks))
+        return status
+
+    def _report_exits(self, reported: set, failures_only: bool = False) -> Optional[int]:
+        """Says which tasks besides the chief have exited (with a non-zero status, if
+        `failures_only`) since the last call; 1 if one of them stops the cluster, else None."""
+        status = None
+        for task in self.tasks[:-1]:
+            code = task.process.poll()
+            if code is None or task.name in reported or (failures_only and code == 0):
+                continue
+            reported.add(task.name)
+            if task.role == "worker" and self.args.tolerate_worker_loss:
+                self.say(f"{task.name} exited with status {code}; the others go on")
+            else:
+                self.say(f"{task.name} exited with status {code}; stopping the cluster")
+                status = 1
         return status
 
     def _on_signal(self, signum, frame) -> None:
