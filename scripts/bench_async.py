@@ -85,7 +85,7 @@ def chief(out_path: str) -> None:
 
 def measure(workers: int, slow_worker: str) -> float:
     """Steps per second of a fresh local cluster."""
-    from tfsyncmodes import localrun
+    from tfsyncmodes.testing import localrun
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rate.json")

@@ -71,7 +71,7 @@ def worker(out_path: str) -> None:
     import tfsyncmodes
     from tfsyncmodes import config as config_lib
     from tfsyncmodes.exchange import hybrid
-    from tfsyncmodes.keras.callbacks import SlowWorker
+    from tfsyncmodes.testing.faults import SlowWorker
     from tfsyncmodes.keras.compat import keras
 
     base = {"mode": "hybrid", "group_size": 2, "compression": FLAGS.compression, "topk_ratio": FLAGS.topk_ratio,

@@ -12,7 +12,7 @@ import pytest
 
 from tests import reference
 from tests.conftest import PYTHON, REPO, WORKERS, clean_env
-from tfsyncmodes import localrun
+from tfsyncmodes.testing import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 STEPS_PER_EPOCH = 1437 // 64

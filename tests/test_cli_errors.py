@@ -4,7 +4,7 @@ import os
 import pytest
 
 from tests.conftest import PYTHON, REPO, clean_env, free_ports, tf_config
-from tfsyncmodes import localrun
+from tfsyncmodes.testing import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 

@@ -9,7 +9,7 @@ import pytest
 from tests import reference
 from tests.conftest import PYTHON, REPO, WORKERS, clean_env, run_checked
 from tfsyncmodes import config as config_lib
-from tfsyncmodes import localrun
+from tfsyncmodes.testing import localrun
 from tfsyncmodes.errors import ConfigError
 
 tf = pytest.importorskip("tensorflow")

@@ -6,7 +6,7 @@ import pytest
 
 from tests import reference
 from tests.conftest import PYTHON, WORKERS, run_checked
-from tfsyncmodes import localrun
+from tfsyncmodes.testing import localrun
 
 
 def load_workers(outdir, count):

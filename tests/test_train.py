@@ -5,7 +5,7 @@ import os
 import pytest
 
 from tests.conftest import PYTHON, REPO, free_ports, run_checked, run_cluster, tf_config
-from tfsyncmodes import localrun
+from tfsyncmodes.testing import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 MIN_ACCURACY = 0.9  # digits, 5 epochs: about 0.96 in every backend

@@ -111,14 +111,6 @@ def _slow_worker(value: Any) -> str:
     return f"{int(index)}:{float(factor)}"
 
 
-def slow_worker_factor(config: Any, worker_index: int) -> float:
-    """How many times slower `worker_index` must run under `config.slow_worker` (1.0: not)."""
-    if not config.slow_worker:
-        return 1.0
-    index, factor = config.slow_worker.split(":")
-    return float(factor) if int(index) == worker_index else 1.0
-
-
 KNOBS: Tuple[Knob, ...] = (
     Knob("mode", "sync_mode", "sync", _choice(MODES),
          "How replicas keep in step: sync (allreduce every step), async (parameter servers), "

@@ -5,8 +5,6 @@ Horovod's own ``horovod.tensorflow.keras`` callbacks do not support Keras 3; the
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import tensorflow as tf
 
@@ -61,25 +59,3 @@ class MetricAverage(keras.callbacks.Callback):
                 averaged = hvd.allreduce(tf.constant(float(value), tf.float64), op=hvd.Average,
                                          name=f"tfsync.metric.{key}")
                 logs[key] = float(averaged.numpy())
-
-
-class SlowWorker(keras.callbacks.Callback):
-    """Fault injection: after each step, sleeps so that the step took `factor` times as long.
-
-    Used by the benchmarks (``--slow_worker=INDEX:FACTOR``) to model a straggler.
-    """
-
-    def __init__(self, factor: float):
-        super().__init__()
-        self.factor = factor
-        self._started = 0.0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._started = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        for value in (logs or {}).values():
-            np.asarray(value)  # waits for the step's result: time the step, not its dispatch
-            break
-        elapsed = time.perf_counter() - self._started
-        time.sleep((self.factor - 1.0) * elapsed)

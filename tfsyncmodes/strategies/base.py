@@ -93,13 +93,11 @@ class ModeStrategy:
     def required_callbacks(self) -> List:
         """Callbacks the mode needs on every process: correctness first, then the
         ``--slow_worker`` fault injection when it names this worker."""
-        from tfsyncmodes.config import slow_worker_factor
+        from tfsyncmodes.testing.faults import SlowWorker, slow_worker_factor
 
         callbacks = self._correctness_callbacks()
         factor = slow_worker_factor(self.config, self.worker_index)
         if factor > 1.0:
-            from tfsyncmodes.keras.callbacks import SlowWorker
-
             callbacks.append(SlowWorker(factor))
         return callbacks
 

@@ -18,10 +18,11 @@ import tensorflow as tf
 from absl import logging
 
 from tfsyncmodes.cluster import TFConfig
-from tfsyncmodes.config import SyncConfig, slow_worker_factor
+from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError, JobFailure
 from tfsyncmodes.strategies.base import ModeStrategy
-from tfsyncmodes.throttle import throttle_self
+from tfsyncmodes.testing.faults import slow_worker_factor
+from tfsyncmodes.testing.throttle import throttle_self
 from tfsyncmodes.watchdog import deadline
 
 ROLES = ("chief", "worker", "ps")
