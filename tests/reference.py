@@ -108,10 +108,9 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     warm-up group g has applied once step t is done (the run records it: rounds come in when
     the slowest group has sent them); without one, every round applies at its own step. With
     `staleness_aware_lr` a round applied l steps after its own step counts 1 / (1 + l).
-    periodic: each group applies its own mean gradient; at every (staleness + 1)-th step,
-    after the gradients are computed and before they are applied, the groups' model changes
-    since the last average go through error feedback and the compressor, and every group
-    moves to anchor + their mean.
+    periodic: each group applies its own mean gradient; after every (staleness + 1)-th update
+    the groups' model changes since the last average go through error feedback and the
+    compressor, and every group moves to anchor + their mean.
     The first `warmup_steps` steps have staleness 0 (stale: round t applies at step t;
     periodic: an average every step).
     """
@@ -129,12 +128,6 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
                      for r in ranks]
             means.append(np.mean(grads, axis=0, dtype=np.float64).astype(np.float32))
         if cross_group == "periodic":
-            if (step + 1) % (staleness + 1) == 0 or step < warmup_steps:
-                deltas = [_flat(p) - anchor for p in params]
-                sent, others = _cross_group_send(deltas, residuals, compression, topk_ratio,
-                                                 error_feedback)
-                anchor = (anchor + (sent[0] + others[0]) / np.float32(len(groups))).astype(np.float32)
-                params = [_unflat(anchor, start) for _ in groups]
             updates = means
         else:
             rounds.append(_cross_group_send(means, residuals, compression, topk_ratio,
@@ -155,6 +148,11 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
             updates = [((means[g] + late[g]) / np.float32(len(groups))).astype(np.float32)
                        for g in range(len(groups))]
         params = [_unflat(_flat(params[g]) - lr * updates[g], start) for g in range(len(groups))]
+        if cross_group == "periodic" and ((step + 1) % (staleness + 1) == 0 or step < warmup_steps):
+            deltas = [_flat(p) - anchor for p in params]
+            sent, others = _cross_group_send(deltas, residuals, compression, topk_ratio, error_feedback)
+            anchor = (anchor + (sent[0] + others[0]) / np.float32(len(groups))).astype(np.float32)
+            params = [_unflat(anchor, start) for _ in groups]
     if not consensus or len(groups) == 1:
         return params
     ranks = [_flat(params[g]) for g, group in enumerate(groups) for _ in group]

@@ -17,10 +17,13 @@ def test_clip_then_staleness_and_decay_scaling_equal_numpy():
 
     rng = np.random.default_rng(0)
     grads = [rng.standard_normal((4, 3)).astype("float32"), rng.standard_normal(3).astype("float32")]
-    version = StepVersion(read=tf.constant(2, tf.int64), current=tf.constant(7, tf.int64))
-    chain = async_exchange(resolved(mode="async", clip_norm=0.5, staleness_aware_lr=True, lr_decay=0.1),
-                           version=version)
-    out = chain([tf.constant(g) for g in grads] + [None], variables=None)
+    knobs = resolved(mode="async", clip_norm=0.5, staleness_aware_lr=True, lr_decay=0.1)
+    version = StepVersion(knobs)
+    version.iterations = tf.Variable(2, dtype=tf.int64)
+    version.begin_step()                  # the step reads the variables at update count 2 ...
+    version.iterations.assign_add(5)      # ... and 5 updates land before it writes
+    chain = async_exchange(knobs, version=version)
+    out = chain.transform([tf.constant(g) for g in grads] + [None], variables=None)
 
     norm = np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads))
     scale = min(1.0, 0.5 / norm) * (1 / (1 + 5)) * (1 / (1 + 0.1 * 7))
@@ -36,7 +39,7 @@ def test_remedies_off_is_the_identity():
     from tfsyncmodes.exchange.staleness import async_exchange
 
     grads = [tf.constant([3.0, -4.0])]
-    out = async_exchange(resolved(mode="async", staleness_aware_lr=False))(grads, variables=None)
+    out = async_exchange(resolved(mode="async", staleness_aware_lr=False)).transform(grads, variables=None)
     np.testing.assert_array_equal(np.asarray(out[0]), [3.0, -4.0])
 
 
@@ -46,24 +49,20 @@ def test_wrap_refuses_gradient_scaling_with_adaptive_optimizers(optimizer):
 
     import tfsyncmodes
 
-    config.set_current(resolved(mode="async", staleness_aware_lr=True))
-    try:
-        with pytest.raises(ConfigError) as raised:
-            tfsyncmodes.wrap(getattr(keras.optimizers, optimizer)(0.01), "async")
-        assert "staleness_aware_lr" in str(raised.value) and "SGD" in str(raised.value)
-        config.set_current(resolved(mode="async", staleness_aware_lr=False))
-        assert tfsyncmodes.wrap(getattr(keras.optimizers, optimizer)(0.01), "async").mode == "async"
-        assert tfsyncmodes.wrap(keras.optimizers.SGD(0.01, momentum=0.9), "async").mode == "async"
-    finally:
-        config.set_current(None)
+    scaled, unscaled = resolved(mode="async", staleness_aware_lr=True), resolved(mode="async", staleness_aware_lr=False)
+    with pytest.raises(ConfigError) as raised:
+        tfsyncmodes.wrap(getattr(keras.optimizers, optimizer)(0.01), config=scaled)
+    assert "staleness_aware_lr" in str(raised.value) and "SGD" in str(raised.value)
+    assert tfsyncmodes.wrap(getattr(keras.optimizers, optimizer)(0.01), config=unscaled).mode == "async"
+    assert tfsyncmodes.wrap(keras.optimizers.SGD(0.01, momentum=0.9), config=scaled).mode == "async"
 
 
 @pytest.mark.parametrize("legacy, wrapper", [(False, "SyncOptimizer"), (True, "SyncSGD")],
                          ids=["keras3", "tf_keras"])
 @pytest.mark.timeout(120)
 def test_wrap_keeps_the_knobs_in_force_when_it_wrapped(legacy, wrapper):
-    # Two optimizers in one process wrapped under different knobs: each exchange is built (at
-    # its first step) from the configuration current when it was wrapped, not at build time.
+    # Two optimizers in one process, each wrapped with its own knobs: each exchange is built
+    # from the config it was given.
     import json
     import os
 

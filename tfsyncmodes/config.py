@@ -14,10 +14,9 @@ import dataclasses
 import os
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from tfsyncmodes import registry
 from tfsyncmodes.errors import ConfigError, one_of
 
-MODES = ("sync", "async", "hybrid")
-BACKENDS = ("auto", "horovod", "multi_worker", "mirrored")
 ENV_PREFIX = "TFSYNC_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 
@@ -37,13 +36,19 @@ class Knob:
         return ENV_PREFIX + self.key.upper()
 
 
-def _choice(choices: Tuple[str, ...]) -> Callable[[Any], str]:
+def _choice(choices: Callable[[], Tuple[str, ...]]) -> Callable[[Any], str]:
+    """A parser accepting the names `choices()` gives (read at parse time, from a registry)."""
     def parse(value: Any) -> str:
         text = str(value).strip().lower()
-        if text not in choices:
-            raise ValueError(f"{value!r} is not accepted", one_of(choices))
+        if text not in choices():
+            raise ValueError(f"{value!r} is not accepted", one_of(choices()))
         return text
+    parse.choices = choices
     return parse
+
+
+def _registered(reg: registry.Registry, *extra: str) -> Callable[[Any], str]:
+    return _choice(lambda: extra + reg.names())
 
 
 def _number(kind: type, low: float, high: float) -> Callable[[Any], Any]:
@@ -112,10 +117,10 @@ def _slow_worker(value: Any) -> str:
 
 
 KNOBS: Tuple[Knob, ...] = (
-    Knob("mode", "sync_mode", "sync", _choice(MODES),
+    Knob("mode", "sync_mode", "sync", _registered(registry.MODES),
          "How replicas keep in step: sync (allreduce every step), async (parameter servers), "
          "hybrid (sync inside groups, compressed and bounded-stale across them)."),
-    Knob("backend", "sync_backend", "auto", _choice(BACKENDS),
+    Knob("backend", "sync_backend", "auto", _registered(registry.BACKENDS, "auto"),
          "Engine for sync mode. auto: horovod under horovodrun, multi_worker with a TF_CONFIG "
          "of several workers, mirrored otherwise."),
     Knob("collective_timeout", "sync_collective_timeout", 300.0, _number(float, 1.0, 86400.0),
@@ -144,7 +149,7 @@ KNOBS: Tuple[Knob, ...] = (
          "Hybrid: ranks 0..S-1 form group 0, S..2S-1 group 1, ... (0: one group per host)."),
     Knob("groups", "groups", "", _rank_groups,
          "Hybrid: explicit groups of Horovod ranks, e.g. '0,1;2,3' (overrides group_size)."),
-    Knob("compression", "compression", "topk", _choice(("none", "fp16", "topk")),
+    Knob("compression", "compression", "topk", _registered(registry.COMPRESSORS),
          "Hybrid: how updates travel across groups: none (float32), fp16 (half the bytes), "
          "topk (the topk_ratio largest entries as values + int32 indices)."),
     Knob("topk_ratio", "topk_ratio", 0.01, _number(float, 1e-6, 1.0),
@@ -154,7 +159,7 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("staleness", "staleness", 2, _number(int, 0, 1000),
          "Hybrid: a group may run at most this many steps ahead of the slowest group "
          "(0: groups stay in lockstep)."),
-    Knob("cross_group", "cross_group", "periodic", _choice(("stale", "periodic")),
+    Knob("cross_group", "cross_group", "periodic", _registered(registry.CROSS_GROUP),
          "Hybrid: periodic (local SGD: groups average their model changes every "
          "staleness+1 steps, and their models at the end) or stale (a background exchange "
          "every step, applied as soon as it is in and at most staleness steps late)."),
@@ -186,25 +191,24 @@ SyncConfig = dataclasses.make_dataclass(
                "__doc__": "The resolved, immutable configuration of a run (see resolve())."},
 )
 
-_current: Optional["SyncConfig"] = None
-
-
-def current() -> "SyncConfig":
-    """The run's configuration: the one ``make_strategy`` resolved, else a fresh resolve()."""
-    return _current if _current is not None else resolve()
-
-
-def set_current(config: "SyncConfig") -> None:
-    global _current
-    _current = config
-
-
 def _parse(knob: Knob, value: Any, source: str, field: str) -> Any:
     try:
         return knob.parse(value)
     except ValueError as error:
         problem, fix = error.args if len(error.args) == 2 else (str(error), None)
         raise ConfigError(source, field, problem, fix) from None
+
+
+def knob_values(config: "SyncConfig") -> Dict[str, Any]:
+    """Every knob's value, as a model saves the knobs its exchange was built with."""
+    return {knob.key: getattr(config, knob.key) for knob in KNOBS}
+
+
+def from_saved(values: Mapping[str, Any], source: str = "saved optimizer") -> "SyncConfig":
+    """The config a saved optimizer was built with (knobs it does not name: defaults)."""
+    parsed = {key: _parse(KNOBS_BY_KEY[key], value, source, key)
+              for key, value in values.items() if key in KNOBS_BY_KEY}
+    return SyncConfig(**parsed, sources={key: source for key in parsed})
 
 
 def load_file(path: str) -> Dict[str, Any]:
@@ -227,21 +231,31 @@ def load_file(path: str) -> Dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(source, "(yaml)", "must be a mapping of knob: value", one_of(KNOBS_BY_KEY))
-    for key in data:
-        if key not in KNOBS_BY_KEY:
-            raise ConfigError(source, str(key), "unknown key", one_of(KNOBS_BY_KEY))
-    return data
+    by_flag = {knob.flag: knob.key for knob in KNOBS}
+    unknown = [str(key) for key in data if key not in KNOBS_BY_KEY and key not in by_flag]
+    if unknown:
+        raise ConfigError(source, ", ".join(unknown), f"unknown key{'s' if len(unknown) > 1 else ''}",
+                          "use knob names or their flag names: " + ", ".join(KNOBS_BY_KEY))
+    return {by_flag.get(key, key): value for key, value in data.items()}
 
 
 def _flag_values() -> Dict[str, Any]:
-    """Knob values given explicitly on the command line (absl flags), if flags are parsed."""
+    """Knob values given explicitly on the command line.
+
+    From absl's FLAGS when the program parsed them (``absl.app.run``, ``tfsyncmodes.run``);
+    otherwise (an argparse script, or none) absl parses this program's ``sys.argv`` into a
+    private set of just tfsyncmodes' flags, leaving every other argument to the script, so
+    that ``--sync_mode`` and the other knobs are never silently ignored.
+    """
+    import sys
+
     from absl import flags
 
-    from tfsyncmodes import flags as _  # noqa: F401  (defines the flags)
+    from tfsyncmodes import flags as flag_defs
 
     values = flags.FLAGS
     if not values.is_parsed():
-        return {}
+        values = flag_defs.parse_known(sys.argv)
     given = {}
     for knob in KNOBS:
         if knob.flag in values and values[knob.flag].present:

@@ -32,8 +32,11 @@ def main(argv):
 
     import tfsyncmodes
     from tfsyncmodes import config as config_lib
-    from tfsyncmodes.exchange import hybrid
+    from tfsyncmodes.exchange.policies import CrossGroupPolicy
     from tfsyncmodes.keras.compat import keras
+
+    def links(optimizer):
+        return [p.link for p in optimizer.exchange.find(CrossGroupPolicy)]
 
     class RoundsApplied(keras.callbacks.Callback):
         """After each step: how many background cross-group rounds this rank has applied."""
@@ -42,8 +45,8 @@ def main(argv):
             self.after_step = []
 
         def on_train_batch_end(self, batch, logs=None):
-            parts = hybrid.exchange_parts(self.model.optimizer)
-            applied = getattr(parts[0].transport, "applied", None) if parts else None
+            found = links(self.model.optimizer)
+            applied = getattr(found[0].transport, "applied", None) if found else None
             if applied is not None:
                 self.after_step.append(int(applied.numpy()))
 
@@ -57,8 +60,8 @@ def main(argv):
         return tf.data.Dataset.from_tensor_slices((x[:, rank], y[:, rank])).unbatch().batch(reference.BATCH)
 
     for name, overrides in json.loads(args.scenarios).items():
-        config_lib.set_current(config_lib.resolve(dict(overrides, mode="hybrid"), environ={
-            k: v for k, v in os.environ.items() if k.startswith("TFSYNC_")}, use_flags=False))
+        knobs = config_lib.resolve(dict(overrides, mode="hybrid"), environ={
+            k: v for k, v in os.environ.items() if k.startswith("TFSYNC_")}, use_flags=False)
         with strategy.scope():
             keras.utils.set_random_seed(100 + rank)
             model = keras.Sequential([keras.Input((reference.FEATURES,)),
@@ -66,11 +69,11 @@ def main(argv):
             initial = [np.array(w) for w in model.get_weights()]
             inner = (keras.optimizers.SGD(reference.LR) if args.optimizer == "sgd"
                      else keras.optimizers.Adam(reference.LR))
-            model.compile(optimizer=tfsyncmodes.wrap(inner, "hybrid"), loss="mse", jit_compile=False)
+            model.compile(optimizer=tfsyncmodes.wrap(inner, config=knobs), loss="mse", jit_compile=False)
         rounds = RoundsApplied()
         history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0,
                                callbacks=[rounds])
-        parts = hybrid.exchange_parts(model.optimizer)
+        found = links(model.optimizer)
         final = model.get_weights()
         np.savez(os.path.join(args.outdir, f"{name}.rank{rank}.npz"),
                  kernel0=initial[0], bias0=initial[1], kernel=final[0], bias=final[1],
@@ -78,7 +81,7 @@ def main(argv):
                  groups=np.array(strategy.layout.groups), group=strategy.group_index,
                  bytes_sent=history.history.get("bytes_sent", [-1.0])[-1],
                  compression_ratio=history.history.get("compression_ratio", [-1.0])[-1],
-                 dense_bytes=parts[0].traffic.dense_bytes if parts else 0,
+                 dense_bytes=found[0].traffic.dense_bytes if found else 0,
                  schedule=np.array(rounds.after_step, np.int64),
                  lag=history.history.get("cross_group_lag", [-1.0])[-1],
                  optimizer_class=type(model.optimizer).__name__, groups_knob=base.groups,

@@ -1,4 +1,4 @@
-"""Wraps two SGD optimizers under different async knobs (clip_norm 0.5, then off), applies one
+"""Wraps two SGD optimizers, each given its own async knobs (clip_norm 0.5, then off), applies one
 gradient with each, and prints the updated variables as JSON (Keras 3, or tf_keras with
 TF_USE_LEGACY_KERAS=1)."""
 import json
@@ -20,10 +20,8 @@ def knobs(clip_norm):
                           environ={}, use_flags=False)
 
 
-config.set_current(knobs(0.5))
-clipped = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async")
-config.set_current(knobs(0.0))
-plain = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async")
+clipped = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async", config=knobs(0.5))
+plain = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async", config=knobs(0.0))
 grad = tf.constant([3.0, -4.0])
 out = {}
 for name, optimizer in (("clipped", clipped), ("plain", plain)):

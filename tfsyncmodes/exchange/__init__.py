@@ -1,6 +1,4 @@
-"""Gradient exchange: the chain each mode assembles from small parts."""
-from tfsyncmodes.exchange.base import Chain, GradientTransform, chain
-from tfsyncmodes.exchange.communicators import HorovodAllreduce
-from tfsyncmodes.exchange.modes import for_mode
+"""Gradient exchange: the parts each mode chains (see :mod:`tfsyncmodes.exchange.base`)."""
+from tfsyncmodes.exchange.base import Chain, Exchange, Part, chain
 
-__all__ = ["Chain", "GradientTransform", "HorovodAllreduce", "chain", "for_mode"]
+__all__ = ["Chain", "Exchange", "Part", "chain"]

@@ -1,46 +1,137 @@
-"""The gradient-exchange pipeline: small transforms chained per mode.
+"""The contract every part of a mode's exchange follows, and the chain that runs them.
 
-Each part is a :class:`GradientTransform`: ``build(variables)`` once (where it may create
-state such as error-feedback memory), then ``__call__(grads, variables) -> grads`` every step
-inside the training function. A mode's exchange is ``chain(...)`` of such parts; adding a
-technique is adding a part, never a branch in a central function.
+The optimizer wrapper (:mod:`tfsyncmodes.keras.core`) drives one :class:`Exchange` per
+optimizer through these stages, each a method of :class:`Part` that does nothing by default:
+
+=================  ===========================================================================
+``attach(inner)``  once, at wrap time: check or adapt the inner optimizer (async: atomic counter)
+``build(vs, st)``  once, before the first step: create state with ``st(name, shape, dtype)``,
+                   which makes *optimizer variables* (so checkpoints, ``model.save`` and the
+                   initial broadcast carry it)
+``begin_step()``   in the step, before the forward pass (async: which version it reads)
+``transform``      ``(grads, variables) -> grads``, before the inner update (clip, compress,
+                   exchange, decompress)
+``before_update``  ``(variables)``, just before the inner update
+``after_update``   ``(variables)``, after the inner update: model averaging stages act here
+``flush/finish``   eagerly, at the end of training (drain background rounds, final mean)
+=================  ===========================================================================
+
+A mode's exchange is a :class:`Chain` of parts, in order; as in optax, a technique is a part,
+never a branch in a central function.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
+Grads = List[Optional[tf.Tensor]]
+# state(name, shape, dtype) -> a new optimizer variable, zero-initialised.
+StateFactory = Callable[[str, Sequence[int], tf.DType], tf.Variable]
 
-class GradientTransform:
-    """One step of the exchange path. The default is the identity."""
 
-    def build(self, variables: Sequence[tf.Variable]) -> None:
-        del variables
+class Part:
+    """One part of an exchange. Every stage defaults to doing nothing."""
 
-    def __call__(self, grads: List[Optional[tf.Tensor]], variables: Sequence) -> List[Optional[tf.Tensor]]:
+    def attach(self, inner_optimizer) -> None:
+        del inner_optimizer
+
+    def build(self, variables: Sequence, state: StateFactory) -> None:
+        del variables, state
+
+    def begin_step(self) -> Optional[tf.Tensor]:
+        return None
+
+    def transform(self, grads: Grads, variables: Sequence) -> Grads:
         del variables
         return grads
 
+    def __call__(self, grads: Grads, variables: Sequence) -> Grads:
+        return self.transform(grads, variables)
 
-class Chain(GradientTransform):
-    """Applies its parts in order."""
+    def before_update(self, variables: Sequence) -> None:
+        del variables
 
-    def __init__(self, *parts: GradientTransform):
-        self.parts = parts
+    def after_update(self, variables: Sequence) -> None:
+        del variables
 
-    def build(self, variables):
-        for part in self.parts:
-            part.build(variables)
+    def step_logs(self) -> Dict[str, tf.Tensor]:
+        """Tensors of the step just traced that the training loop adds to its logs."""
+        return {}
 
-    def __call__(self, grads, variables):
-        for part in self.parts:
-            grads = part(grads, variables)
+    def flush(self) -> None:
+        pass
+
+    def finish(self, variables: Sequence) -> None:
+        del variables
+
+    def parts(self) -> List["Part"]:
+        """This part and the parts inside it, depth first."""
+        return [self]
+
+
+class Chain(Part):
+    """Runs its parts' stages in order (``transform`` feeds each part's output to the next)."""
+
+    def __init__(self, *parts: Part):
+        self.members = parts
+
+    def attach(self, inner_optimizer):
+        for part in self.members:
+            part.attach(inner_optimizer)
+
+    def build(self, variables, state):
+        for part in self.members:
+            part.build(variables, state)
+
+    def begin_step(self):
+        reads = [r for r in (part.begin_step() for part in self.members) if r is not None]
+        return reads[0] if len(reads) == 1 else (tf.group(reads) if reads else None)
+
+    def transform(self, grads, variables):
+        for part in self.members:
+            grads = part.transform(grads, variables)
         return grads
 
+    def before_update(self, variables):
+        for part in self.members:
+            part.before_update(variables)
 
-def chain(*parts: GradientTransform) -> GradientTransform:
+    def after_update(self, variables):
+        for part in self.members:
+            part.after_update(variables)
+
+    def step_logs(self):
+        logs = {}
+        for part in self.members:
+            logs.update(part.step_logs())
+        return logs
+
+    def flush(self):
+        for part in self.members:
+            part.flush()
+
+    def finish(self, variables):
+        for part in self.members:
+            part.finish(variables)
+
+    def parts(self):
+        return [self] + [p for part in self.members for p in part.parts()]
+
+    def find(self, kind: type) -> List[Part]:
+        """The parts of type `kind` in this chain (e.g. for callbacks that log them)."""
+        return [p for p in self.parts() if isinstance(p, kind)]
+
+
+Exchange = Chain
+
+
+def chain(*parts: Part) -> Chain:
     return Chain(*parts)
+
+
+# Kept as a name for parts that act on gradients only.
+GradientTransform = Part
 
 
 def densify(grad):

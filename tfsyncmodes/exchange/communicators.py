@@ -1,10 +1,16 @@
-"""Communicators: how gradients cross processes."""
+"""Communicators: how gradients and payloads cross processes.
+
+:class:`HorovodAllreduce` is a part (dense mean over a process set, every step).
+A cross-group communicator's contract is ``send_receive(payload, compressor, ctx, name) ->
+the sum of the other groups' updates`` (decompressed, dense float32); it may run as many
+collective rounds as it needs.
+"""
 from __future__ import annotations
 
-from tfsyncmodes.exchange.base import GradientTransform, densify
+from tfsyncmodes.exchange.base import Part, densify
 
 
-class HorovodAllreduce(GradientTransform):
+class HorovodAllreduce(Part):
     """Averages every gradient across the ranks of a Horovod process set in one grouped call.
 
     Horovod's fusion buffer packs the group into few messages, as its own
@@ -15,7 +21,7 @@ class HorovodAllreduce(GradientTransform):
     def __init__(self, process_set=None):
         self.process_set = process_set
 
-    def __call__(self, grads, variables):
+    def transform(self, grads, variables):
         import horovod.tensorflow as hvd
 
         present = [i for i, g in enumerate(grads) if g is not None]
@@ -48,7 +54,7 @@ class CrossGroupCommunicator:
     def num_groups(self) -> int:
         return len(self.group_order)
 
-    def send_receive(self, payload, compressor, size: int, name: str):
+    def send_receive(self, payload, compressor, ctx, name: str):
         raise NotImplementedError
 
 
@@ -56,11 +62,11 @@ class CrossGroupAllgather(CrossGroupCommunicator):
     """For sparse payloads (Top-K): each rank's indices differ, so values and int32 indices
     are allgathered and the other groups' rows decompressed (entries sharing an index add)."""
 
-    def send_receive(self, payload, compressor, size, name):
+    def send_receive(self, payload, compressor, ctx, name):
         import tensorflow as tf
 
         if self.process_set is None:
-            return tf.zeros([size], tf.float32)
+            return tf.zeros([ctx.size], tf.float32)
         import horovod.tensorflow as hvd
 
         others = [p for g, p in enumerate(self.group_order) if g != self.own]
@@ -69,20 +75,26 @@ class CrossGroupAllgather(CrossGroupCommunicator):
             everyone = hvd.allgather(tensor, name=f"{name}.{i}", process_set=self.process_set)
             rows = tf.reshape(everyone, [self.num_groups, -1])
             gathered.append(tf.reshape(tf.gather(rows, others), [-1]))
-        return compressor.decompress(tuple(gathered), size)
+        return compressor.decompress(tuple(gathered), ctx)
 
 
 class CrossGroupAllreduce(CrossGroupCommunicator):
     """For dense payloads (float32, fp16): one allreduce in the payload's own dtype, so fp16
     puts half the bytes on the wire; the other groups' part is the sum minus this one's."""
 
-    def send_receive(self, payload, compressor, size, name):
+    def send_receive(self, payload, compressor, ctx, name):
         import tensorflow as tf
 
         if self.process_set is None:
-            return tf.zeros([size], tf.float32)
+            return tf.zeros([ctx.size], tf.float32)
         import horovod.tensorflow as hvd
 
         summed = tuple(hvd.allreduce(t, op=hvd.Sum, name=f"{name}.{i}", process_set=self.process_set)
                        for i, t in enumerate(payload))
-        return compressor.decompress(summed, size) - compressor.decompress(tuple(payload), size)
+        return compressor.decompress(summed, ctx) - compressor.decompress(tuple(payload), ctx)
+
+
+def cross_group(compressor, process_set, group_order, own: int) -> CrossGroupCommunicator:
+    """Allgather for sparse payloads (indices differ per group), allreduce for dense ones."""
+    cls = CrossGroupAllgather if compressor.sparse else CrossGroupAllreduce
+    return cls(process_set, group_order, own)

@@ -11,7 +11,7 @@ with equal sizes the mean over groups of the group means is also the mean over a
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Tuple
 
 from tfsyncmodes.errors import ConfigError
 
@@ -107,36 +107,35 @@ class ActiveGroups:
         return self.layout.group_of(self.rank)
 
 
-_active: Optional[ActiveGroups] = None
+def _registered_sets():
+    """Horovod's own table of the process sets it knows: sorted rank tuple -> ProcessSet."""
+    from horovod.common.process_sets import _temp_process_set_object
+    from horovod.tensorflow.mpi_ops import _basics
+
+    return {tuple(sorted(ranks)): _temp_process_set_object(set_id)
+            for set_id, ranks in _basics._get_process_set_ids_and_ranks().items()}
 
 
-def active() -> Optional[ActiveGroups]:
-    return _active
-
-
-_sets = {}  # sorted rank tuple -> the ProcessSet registered for it
-
-
-def init_horovod(layout: GroupLayout):
-    """Initialises Horovod with the layout's process sets (identically on every rank) and
-    records which of them this rank uses."""
-    global _active
+def init_horovod(layout: GroupLayout) -> ActiveGroups:
+    """Initialises Horovod with the layout's process sets (identically on every rank), and
+    returns this rank's groups and process sets. The process sets are Horovod's: a second
+    strategy with the same layout finds them there."""
     import horovod.tensorflow as hvd
 
-    wanted = [tuple(r) for r in layout.process_set_ranks() if tuple(r) not in _sets]
+    wanted = [tuple(r) for r in layout.process_set_ranks()]
     if not hvd.is_initialized():
-        new = {ranks: hvd.ProcessSet(list(ranks)) for ranks in wanted}
-        hvd.init(process_sets=list(new.values()))
-        _sets.update(new)
-    else:
-        for ranks in wanted:
-            try:
-                _sets[ranks] = hvd.add_process_set(list(ranks))
-            except Exception as error:  # Horovod raises ValueError or RuntimeError here
-                raise ConfigError("horovod", "process sets",
-                                  f"Horovod was initialised without the hybrid groups ({error})",
-                                  "call make_strategy('hybrid') before hvd.init(), or set "
-                                  "HOROVOD_DYNAMIC_PROCESS_SETS=1") from None
+        hvd.init(process_sets=[hvd.ProcessSet(list(ranks)) for ranks in wanted])
+    known = _registered_sets()
+    for ranks in wanted:
+        if ranks in known:
+            continue
+        try:
+            known[ranks] = hvd.add_process_set(list(ranks))
+        except Exception as error:  # Horovod raises ValueError or RuntimeError here
+            raise ConfigError("horovod", "process sets",
+                              f"Horovod was initialised without the hybrid groups ({error})",
+                              "call make_strategy('hybrid') before hvd.init(), or set "
+                              "HOROVOD_DYNAMIC_PROCESS_SETS=1") from None
     if hvd.size() != layout.world_size:
         raise ConfigError("horovodrun", "-np", f"the groups cover {layout.world_size} ranks but "
                           f"the world has {hvd.size()}", "make the groups cover every rank")
@@ -148,8 +147,7 @@ def init_horovod(layout: GroupLayout):
             return None
         if len(ranks) == layout.world_size:
             return hvd.global_process_set
-        return _sets[ranks]
+        return known[ranks]
 
-    _active = ActiveGroups(layout, rank, process_set(layout.groups[layout.group_of(rank)]),
-                           process_set(layout.column_of(rank)))
-    return hvd
+    return ActiveGroups(layout, rank, process_set(layout.groups[layout.group_of(rank)]),
+                        process_set(layout.column_of(rank)))

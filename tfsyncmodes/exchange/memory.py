@@ -3,30 +3,42 @@
 Without it, Top-K would never send the many small entries of a gradient, and they would be
 lost for good; with it, they accumulate until they are large enough to be sent (Stich et al.,
 "Sparsified SGD with memory"; Lin et al., "Deep Gradient Compression").
+
+Contract (GRACE's): ``build(ctx, state)`` creates the memory's optimizer variables,
+``compensate(tensor, ctx)`` adds back what was kept, ``update(compensated, payload,
+compressor, ctx)`` keeps what `payload` left out. A new memory is a subclass with
+``@MEMORIES.register("name")``; :func:`for_config` picks one from the config.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
+from tfsyncmodes.exchange.base import StateFactory
 from tfsyncmodes.exchange.compressors import Compressor, Payload
+from tfsyncmodes.exchange.flat import TensorContext
+from tfsyncmodes.registry import MEMORIES
 
 
-class NoMemory:
+@MEMORIES.register("none")
+class Memory:
     """Nothing is remembered: dropped entries are lost."""
 
-    def build(self, size: int) -> None:
-        del size
+    def build(self, ctx: TensorContext, state: StateFactory) -> None:
+        del ctx, state
 
-    def compensate(self, flat: tf.Tensor) -> tf.Tensor:
-        return flat
+    def compensate(self, tensor: tf.Tensor, ctx: TensorContext) -> tf.Tensor:
+        del ctx
+        return tensor
 
-    def update(self, compensated: tf.Tensor, payload: Payload, compressor: Compressor):
+    def update(self, compensated: tf.Tensor, payload: Payload, compressor: Compressor,
+               ctx: TensorContext):
         """Remembers what `payload` (`compressor`'s output for `compensated`) left out."""
-        del compensated, payload, compressor
+        del compensated, payload, compressor, ctx
         return tf.no_op()
 
 
-class ResidualMemory(NoMemory):
+@MEMORIES.register("residual")
+class ResidualMemory(Memory):
     """Keeps the residual ``compensated - sent`` and adds it to the next update.
 
     For Top-K the residual is the compensated update with the sent entries zeroed, exactly:
@@ -38,21 +50,18 @@ class ResidualMemory(NoMemory):
     def __init__(self):
         self.residual = None
 
-    def build(self, size):
-        with tf.init_scope():
-            self.residual = tf.Variable(tf.zeros([size], tf.float32), trainable=False,
-                                        name="error_feedback_residual")
+    def build(self, ctx, state):
+        self.residual = state("error_feedback_residual", list(ctx.shape), tf.float32)
 
-    def compensate(self, flat):
-        return flat + self.residual
+    def compensate(self, tensor, ctx):
+        return tensor + tf.convert_to_tensor(self.residual)
 
-    def update(self, compensated, payload, compressor):
-        sent = compressor.decompress(payload, int(compensated.shape[0]))
-        return self.residual.assign(compensated - sent, read_value=False)
+    def update(self, compensated, payload, compressor, ctx):
+        sent = compressor.decompress(payload, ctx)
+        return self.residual.assign(compensated - sent)
 
 
-def for_config(config):
-    """Error feedback when the compression drops information and it is turned on."""
-    if config.error_feedback and config.compression != "none":
-        return ResidualMemory()
-    return NoMemory()
+def for_config(config, compressor: Compressor) -> Memory:
+    """Error feedback when `compressor` drops information and ``--error_feedback`` is on."""
+    name = "residual" if config.error_feedback and not compressor.lossless else "none"
+    return MEMORIES.get(name)()

@@ -1,19 +1,20 @@
 """Callbacks hybrid mode adds: wire traffic in the logs, and draining the cross-group exchange
 at the end of training.
 
-Both find the cross-group exchange inside the model's wrapped optimizer, so they work with
-Keras 3 and tf_keras alike.
+Both use the wrapped optimizer's public ``exchange`` (Keras 3 and tf_keras alike).
 """
 from __future__ import annotations
 
+from tfsyncmodes.exchange.policies import CrossGroupPolicy
 from tfsyncmodes.keras.compat import keras
 
 
-def _parts(model):
-    from tfsyncmodes.exchange.hybrid import exchange_parts
-
-    optimizer = getattr(model, "optimizer", None)
-    return exchange_parts(optimizer) if optimizer is not None else []
+def _links(model):
+    """The cross-group links of the model's optimizer that exchange with other groups."""
+    exchange = getattr(getattr(model, "optimizer", None), "exchange", None)
+    if exchange is None:
+        return []
+    return [p.link for p in exchange.find(CrossGroupPolicy) if p.link.active]
 
 
 class WireTrafficLogger(keras.callbacks.Callback):
@@ -30,10 +31,10 @@ class WireTrafficLogger(keras.callbacks.Callback):
         self._lags = []
 
     def _counters(self):
-        parts = _parts(self.model)
-        if not parts or parts[0].traffic.total is None:
+        links = _links(self.model)
+        if not links or links[0].traffic.total is None:
             return None
-        traffic = parts[0].traffic
+        traffic = links[0].traffic
         return traffic, int(traffic.total.numpy()), int(traffic.steps.numpy())
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -44,16 +45,16 @@ class WireTrafficLogger(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         # Every step: one look-up of the exchange, and only the counters the batch logs show.
-        parts = _parts(self.model)
-        if not parts or parts[0].traffic.last_step is None or logs is None:
+        links = _links(self.model)
+        if not links or links[0].traffic.last_step is None or logs is None:
             return
-        traffic = parts[0].traffic
+        traffic = links[0].traffic
         sent = float(traffic.last_step.numpy())
         logs["bytes_sent"] = sent
         logs["compression_ratio"] = sent / traffic.dense_bytes
-        lag = getattr(parts[0].transport, "lag", None)
+        lag = links[0].transport.lag()
         if lag is not None:
-            self._lags.append(lag())
+            self._lags.append(lag)
             logs["cross_group_lag"] = float(self._lags[-1])
 
     def on_epoch_end(self, epoch, logs=None):
@@ -81,6 +82,6 @@ class DrainExchange(keras.callbacks.Callback):
     ``fit()`` applies them at its first step."""
 
     def on_train_end(self, logs=None):
-        for part in _parts(self.model):
-            part.flush()
-            part.finish()
+        finish = getattr(getattr(self.model, "optimizer", None), "finish_exchange", None)
+        if finish is not None:
+            finish()

@@ -2,18 +2,17 @@
 
 tf_keras optimizers resolve much of their state through their own class, so, as Horovod's
 Keras 2 glue does, the wrapper is a subclass of the inner optimizer's class that runs the
-exchange in ``apply_gradients``. One such subclass is registered per built-in tf_keras
-optimizer (``tfsyncmodes>SyncAdam`` …) so that ``tf_keras.models.load_model`` finds it.
+exchange (:class:`~tfsyncmodes.keras.core.SyncCore`, shared with the Keras 3 wrapper) in
+``apply_gradients`` and creates the exchange's state with the optimizer's own
+``add_variable``. One such subclass is registered per built-in tf_keras optimizer
+(``tfsyncmodes>SyncAdam`` …) so that ``tf_keras.models.load_model`` finds it.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 import tf_keras
 
-from tfsyncmodes import exchange
-from tfsyncmodes.config import MODES
-from tfsyncmodes.errors import ConfigError, one_of
-from tfsyncmodes.exchange.staleness import StepVersion, check_inner_optimizer
+from tfsyncmodes.keras.core import SyncCore, saved_core, state_factory
 
 _CLASSES = {}
 
@@ -21,56 +20,61 @@ _CLASSES = {}
 class _SyncMixin:
     """What every legacy Sync<Optimizer> adds to its base."""
 
+    _tfsync: SyncCore = None
+
+    def _tfsync_attach(self, core: SyncCore) -> None:
+        self._tfsync = core
+        core.attach(self)
+
+    @property
+    def sync_mode(self) -> str:
+        return self._tfsync.mode
+
+    @property
+    def sync_config(self):
+        return self._tfsync.config
+
+    @property
+    def exchange(self):
+        return self._tfsync.exchange
+
+    def build(self, var_list):
+        if getattr(self, "_built", False):
+            return
+        super().build(var_list)
+        self._tfsync.build(var_list, state_factory(self.add_variable))
+
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         variables = [v for _, v in grads_and_vars]
-        grads = [g for g, _ in grads_and_vars]
-        version = self._tfsync_version()
-        if getattr(self, "_tfsync_exchange", None) is None:
-            self._tfsync_exchange = exchange.for_mode(self.sync_mode, config=self._tfsync_knobs(),
-                                                      version=version)
-            self._tfsync_exchange.build(variables)
-        if self.sync_mode == "async":
-            with tf.control_dependencies([g for g in grads if g is not None]):
-                version.current = self.iterations.read_value()
-        grads = self._tfsync_exchange(grads, variables)
-        result = super().apply_gradients(zip(grads, variables), *args, **kwargs)
-        if self.sync_mode == "async":
-            self.step_staleness = version.staleness
-            version.read = version.current = None
-        return result
+        with tf.init_scope():
+            self.build(variables)
+        return self._tfsync.apply([g for g, _ in grads_and_vars], variables, lambda grads: super(
+            _SyncMixin, self).apply_gradients(zip(grads, variables), *args, **kwargs))
 
     def begin_step(self):
-        """Records the applied-update count as the step reads the variables (async)."""
-        version = self._tfsync_version()
-        version.read = self.iterations.read_value()
-        return version.read
+        """Marks the step's read of the variables (async staleness)."""
+        return self._tfsync.begin_step()
 
-    def _tfsync_knobs(self):
-        """The run's knobs as they were when the optimizer was wrapped or loaded."""
-        if getattr(self, "_tfsync_config", None) is None:
-            from tfsyncmodes.config import current
+    @property
+    def step_staleness(self):
+        return self._tfsync.step_logs().get("staleness")
 
-            self._tfsync_config = current()
-        return self._tfsync_config
-
-    def _tfsync_version(self) -> StepVersion:
-        if getattr(self, "_tfsync_step_version", None) is None:
-            self._tfsync_step_version = StepVersion()
-        return self._tfsync_step_version
+    def finish_exchange(self) -> None:
+        self._tfsync.finish()
 
     def get_config(self):
         config = super().get_config()
-        config["sync_mode"] = self.sync_mode
+        config["tfsync_knobs"] = self._tfsync.get_config()
         return config
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
-        mode = config.pop("sync_mode", "sync")
+        core = saved_core(config)
         optimizer = super().from_config(config, custom_objects=custom_objects)
-        optimizer.sync_mode = mode
-        optimizer._tfsync_knobs()  # the knobs in force now, as Keras 3's wrapper takes them
+        if core is not None:
+            optimizer._tfsync_attach(core)
         return optimizer
 
 
@@ -86,17 +90,13 @@ for _name in ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax"
         _sync_class(getattr(tf_keras.optimizers, _name))
 
 
-def wrap(optimizer, mode: str):
+def wrap(optimizer, core: SyncCore):
     if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
         raise TypeError(
             f"with TF_USE_LEGACY_KERAS=1 wrap() needs a tf_keras optimizer, got "
             f"{type(optimizer).__module__}.{type(optimizer).__name__}")
-    if mode not in MODES:
-        raise ConfigError("wrap", "mode", f"{mode!r} is not accepted", one_of(MODES))
     if isinstance(optimizer, _SyncMixin):
         raise ValueError("this optimizer is already wrapped by tfsyncmodes")
     wrapped = _sync_class(type(optimizer)).from_config(optimizer.get_config())
-    wrapped.sync_mode = mode
-    if mode == "async":
-        check_inner_optimizer(wrapped._tfsync_knobs(), optimizer)
+    wrapped._tfsync_attach(core)
     return wrapped

@@ -1,38 +1,26 @@
-"""``SyncOptimizer``: the Keras 3 optimizer that puts a mode's gradient exchange in front of
-any Keras optimizer.
+"""``SyncOptimizer``: the Keras 3 optimizer that puts a mode's exchange around any Keras
+optimizer's update.
 
 Shaped like Keras's ``LossScaleOptimizer``: it owns an inner optimizer, builds it in
-``build()``, forwards ``learning_rate`` and ``iterations`` to it, exposes its variables, runs
-the exchange in ``apply()`` and leaves the update itself to the inner optimizer. It serializes
-the inner optimizer, so ``model.save`` / ``keras.models.load_model`` round-trip it.
+``build()``, forwards ``learning_rate`` and ``iterations`` to it, exposes its variables (and
+the exchange's state, which it creates as its own variables), runs the exchange in
+``apply()`` (:class:`~tfsyncmodes.keras.core.SyncCore`) and leaves the update itself to the
+inner optimizer. ``get_config`` carries the inner optimizer and the knobs the exchange was
+built with, so ``model.save`` / ``keras.models.load_model`` rebuild the same exchange with its
+state.
 """
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
-from tfsyncmodes import exchange
-from tfsyncmodes.config import MODES, current
-from tfsyncmodes.errors import ConfigError, one_of
-from tfsyncmodes.exchange.staleness import StepVersion, check_inner_optimizer
-
-
-def _make_counter_atomic(counter):
-    """Keras 3 increments ``optimizer.iterations`` as read-add-assign, which loses increments
-    when workers update it concurrently on a parameter server. This instance's increment
-    becomes the variable's own atomic ``assign_add``."""
-
-    def assign_add(value):
-        return counter.value.assign_add(tf.cast(value, counter.value.dtype))
-
-    counter.assign_add = assign_add
+from tfsyncmodes.keras.core import SyncCore, saved_core, state_factory
 
 
 @keras.saving.register_keras_serializable(package="tfsyncmodes")
 class SyncOptimizer(keras.optimizers.Optimizer):
-    """Wraps `inner_optimizer` so that its gradients go through `mode`'s exchange first."""
+    """Wraps `inner_optimizer` so that its update goes through `core`'s exchange."""
 
-    def __init__(self, inner_optimizer, mode="sync", name=None, **kwargs):
+    def __init__(self, inner_optimizer, core: SyncCore = None, name=None, **kwargs):
         if kwargs:
             raise ValueError(
                 f"SyncOptimizer takes no optimizer arguments ({', '.join(kwargs)}); "
@@ -41,30 +29,44 @@ class SyncOptimizer(keras.optimizers.Optimizer):
             raise TypeError(
                 f"wrap() needs a Keras 3 optimizer, got {type(inner_optimizer).__name__}; "
                 "with TF_USE_LEGACY_KERAS=1 pass a tf_keras optimizer")
-        if mode not in MODES:
-            raise ConfigError("wrap", "mode", f"{mode!r} is not accepted", one_of(MODES))
-        super().__init__(learning_rate=0.0, name=name or f"{mode}_{inner_optimizer.name}")
+        if core is None:  # constructed directly: the strategy's knobs, as wrap() takes them
+            from tfsyncmodes.keras import default_core
+
+            core = default_core()
+        super().__init__(learning_rate=0.0, name=name or f"{core.mode}_{inner_optimizer.name}")
         self.inner_optimizer = inner_optimizer
-        self.mode = mode
-        self._exchange = None
-        self._sync_config = current()  # the run's knobs as they are when wrapped
-        self._version = StepVersion()
-        self.step_staleness = None
-        if mode == "async":
-            check_inner_optimizer(self._sync_config, inner_optimizer)
-            _make_counter_atomic(inner_optimizer.iterations)
+        self._core = core
+        core.attach(inner_optimizer)
+
+    @property
+    def mode(self) -> str:
+        return self._core.mode
+
+    @property
+    def sync_config(self):
+        """The knobs this optimizer's exchange was built with."""
+        return self._core.config
+
+    @property
+    def exchange(self):
+        return self._core.exchange
 
     def build(self, var_list):
         self.inner_optimizer.build(var_list)
-        self._exchange = exchange.for_mode(self.mode, config=self._sync_config, version=self._version)
-        self._exchange.build(var_list)
+        self._core.build(var_list, state_factory(self.add_variable))
         super().build(var_list)
 
     def begin_step(self):
-        """Records the applied-update count as this step reads the variables; the step's
-        forward pass must depend on the returned tensor (async staleness)."""
-        self._version.read = self.iterations.value.read_value()
-        return self._version.read
+        """Marks the step's read of the variables; the step's forward pass must depend on the
+        returned tensor (async staleness)."""
+        return self._core.begin_step()
+
+    @property
+    def step_staleness(self):
+        return self._core.step_logs().get("staleness")
+
+    def finish_exchange(self) -> None:
+        self._core.finish()
 
     @property
     def variables(self):
@@ -76,15 +78,8 @@ class SyncOptimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables)
             self.built = True
         variables = trainable_variables or self._trainable_variables
-        if self.mode == "async":
-            # Read once the gradients exist: updates landing while they were computed count.
-            with tf.control_dependencies([g for g in grads if g is not None]):
-                self._version.current = self.iterations.value.read_value()
-        grads = self._exchange(list(grads), variables)
-        self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
-        if self.mode == "async":
-            self.step_staleness = self._version.staleness
-            self._version.read = self._version.current = None
+        self._core.apply(grads, variables, lambda g: self.inner_optimizer.apply(
+            g, trainable_variables=trainable_variables))
 
     @property
     def learning_rate(self):
@@ -107,7 +102,7 @@ class SyncOptimizer(keras.optimizers.Optimizer):
     def get_config(self):
         return {
             "name": self.name,
-            "mode": self.mode,
+            "tfsync_knobs": self._core.get_config(),
             "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
         }
 
@@ -116,4 +111,5 @@ class SyncOptimizer(keras.optimizers.Optimizer):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(
             config.pop("inner_optimizer"), custom_objects=custom_objects)
-        return cls(inner, **config)
+        core = saved_core(config)
+        return cls(inner, core=core, **config)

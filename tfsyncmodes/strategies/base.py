@@ -9,7 +9,10 @@ the Keras version allow.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import weakref
 from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
@@ -18,15 +21,70 @@ from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
 
 
+class Mode:
+    """A way of keeping replicas in step, as registered in :data:`tfsyncmodes.registry.MODES`:
+    how its strategy is made, and the exchange its optimizers run. A new mode is a subclass
+    in a module of its own with ``@MODES.register("name")``."""
+
+    def make_strategy(self, config: SyncConfig, horovod, tf_config) -> "ModeStrategy":
+        """The strategy for this process, from the config and how it was launched (Horovod's
+        environment or None, TF_CONFIG or None)."""
+        raise NotImplementedError
+
+    def exchange(self, config: SyncConfig, strategy: Optional["ModeStrategy"]):
+        """The exchange (a :class:`~tfsyncmodes.exchange.base.Chain`) an optimizer wrapped under
+        `config` runs; `strategy` is the one it was wrapped under (None: none was made)."""
+        raise NotImplementedError
+
+
 class ModeStrategy:
-    """Base class; subclasses set the engine in ``__init__`` and override what differs."""
+    """Base class; subclasses set the engine in ``__init__`` and override what differs.
+
+    A strategy owns its resolved, immutable :attr:`config`; optimizers wrapped with
+    :meth:`wrap` (or ``tfsyncmodes.wrap`` inside :meth:`scope`) are built from exactly it.
+    """
 
     mode = "sync"
     backend = "none"
+    # Like tf.distribute's: the strategies whose scope this thread is in, innermost last.
+    _scopes = threading.local()
+    _made_last = None  # a weak reference to the strategy made last in this process
 
     def __init__(self, config: SyncConfig, tf_strategy: tf.distribute.Strategy):
         self.config = config
         self._tf_strategy = tf_strategy
+        ModeStrategy._made_last = weakref.ref(self)
+
+    @staticmethod
+    def current() -> Optional["ModeStrategy"]:
+        """The strategy whose scope is active, else the one made last in this process."""
+        stack = getattr(ModeStrategy._scopes, "stack", None)
+        if stack:
+            return stack[-1]
+        return ModeStrategy._made_last() if ModeStrategy._made_last is not None else None
+
+    @staticmethod
+    def in_scope() -> bool:
+        return bool(getattr(ModeStrategy._scopes, "stack", None))
+
+    @property
+    def groups(self):
+        """Hybrid groups and their process sets (None: the mode has none)."""
+        return None
+
+    def wrap(self, optimizer, mode: Optional[str] = None, *, config: Optional[SyncConfig] = None):
+        """`optimizer` wrapped so that its gradients go through this strategy's exchange,
+        built from this strategy's config (or `config`, for a model that needs other knobs of
+        the same mode)."""
+        from tfsyncmodes.keras import make_optimizer
+
+        config = config or self.config
+        for asked, what in ((mode, "wrap(mode=...)"), (config.mode, "wrap(config=...)")):
+            if asked is not None and asked != self.mode:
+                raise ConfigError(what, "mode", f"{asked!r} contradicts the strategy's mode {self.mode!r} "
+                                  f"(from {self.config.sources.get('mode', 'default')})",
+                                  f"wrap without a mode, or make the strategy with make_strategy({asked!r})")
+        return make_optimizer(optimizer, config, self)
 
     # --- what a tf.distribute.Strategy offers -------------------------------------------
     @property
@@ -34,8 +92,16 @@ class ModeStrategy:
         """The ``tf.distribute`` strategy underneath (the default strategy under Horovod)."""
         return self._tf_strategy
 
+    @contextlib.contextmanager
     def scope(self):
-        return self._tf_strategy.scope()
+        """The underlying strategy's scope; inside it, ``tfsyncmodes.wrap`` uses this strategy."""
+        stack = ModeStrategy._scopes.__dict__.setdefault("stack", [])
+        stack.append(self)
+        try:
+            with self._tf_strategy.scope():
+                yield self
+        finally:
+            stack.pop()
 
     @property
     def num_replicas_in_sync(self) -> int:

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.registry import BACKENDS
 from tfsyncmodes.strategies.base import ModeStrategy
 
 
@@ -25,8 +26,16 @@ def init_horovod():
     return hvd
 
 
+@BACKENDS.register("horovod")
 class HorovodStrategy(ModeStrategy):
     backend = "horovod"
+
+    @classmethod
+    def from_environment(cls, config, horovod, tf_config):
+        if horovod is None:
+            raise ConfigError("--sync_backend", "horovod", "this process was not started by horovodrun",
+                              "launch with: horovodrun -np N python ...")
+        return cls(config)
 
     def __init__(self, config: SyncConfig):
         # A peer that never arrives fails the job after the collective timeout instead of hanging.

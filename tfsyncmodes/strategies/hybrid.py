@@ -2,8 +2,8 @@
 step, while updates cross groups compressed and at most ``--staleness`` steps late.
 
 Everything rank-related is Horovod's, as in sync mode, so this is :class:`HorovodStrategy`
-with the groups set up before Horovod starts (process sets are declared at ``hvd.init``) and
-two more required callbacks.
+with the groups set up before Horovod starts (process sets are declared at ``hvd.init``),
+held by the strategy, and two more required callbacks.
 """
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ from typing import List, Optional
 from tfsyncmodes.cluster import HorovodEnv
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
-from tfsyncmodes.exchange import groups
+from tfsyncmodes.exchange import groups as groups_lib
+from tfsyncmodes.registry import MODES
+from tfsyncmodes.strategies.base import Mode
 from tfsyncmodes.strategies.horovod import HorovodStrategy
+from tfsyncmodes.strategies.sync import horovod_world_size
 
 
 class HybridStrategy(HorovodStrategy):
@@ -24,14 +27,19 @@ class HybridStrategy(HorovodStrategy):
             raise ConfigError(config.sources.get("mode", "argument"), "mode=hybrid",
                               "this process was not started by horovodrun",
                               "launch with: horovodrun -np N python ... --sync_mode=hybrid")
-        self.layout = groups.layout_from_config(config, horovod_env.size, horovod_env.local_size)
+        self.layout = groups_lib.layout_from_config(config, horovod_env.size, horovod_env.local_size)
+        self._groups = None
         try:
             import horovod.tensorflow  # noqa: F401
         except ImportError:
             pass  # HorovodStrategy reports it
         else:
-            groups.init_horovod(self.layout)
+            self._groups = groups_lib.init_horovod(self.layout)
         super().__init__(config)
+
+    @property
+    def groups(self) -> groups_lib.ActiveGroups:
+        return self._groups
 
     @property
     def group_index(self) -> int:
@@ -48,3 +56,21 @@ class HybridStrategy(HorovodStrategy):
                 f" group={self.group_index} compression={self.config.compression}"
                 f" staleness={self.config.staleness} cross_group={self.config.cross_group}"
                 f" warmup_steps={self.config.warmup_steps}")
+
+
+@MODES.register("hybrid")
+class HybridMode(Mode):
+    def make_strategy(self, config, horovod, tf_config):
+        return HybridStrategy(config, horovod)
+
+    def exchange(self, config, strategy):
+        """Dense group mean, then the cross-group policy. Without the strategy's groups (a model
+        loaded outside a hybrid job) the exchange keeps its state and changes nothing."""
+        from tfsyncmodes.exchange.hybrid import hybrid_exchange
+
+        if strategy is None and horovod_world_size() > 1:
+            raise ConfigError("wrap", "mode=hybrid", "no hybrid strategy was made in this process",
+                              "call tfsyncmodes.make_strategy('hybrid') first and wrap inside its "
+                              "scope (or use strategy.wrap)")
+        return hybrid_exchange(config, getattr(strategy, "groups", None))
+

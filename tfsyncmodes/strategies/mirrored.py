@@ -7,21 +7,24 @@ import tensorflow as tf
 
 from tfsyncmodes.cluster import TFConfig
 from tfsyncmodes.config import SyncConfig
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.registry import BACKENDS
 from tfsyncmodes.strategies.base import ModeStrategy
 from tfsyncmodes.watchdog import deadline
 
 
-class MirroredStrategy(ModeStrategy):
-    backend = "mirrored"
-
-    def __init__(self, config: SyncConfig):
-        super().__init__(config, tf.distribute.MirroredStrategy())
-
-
+@BACKENDS.register("multi_worker")
 class MultiWorkerStrategy(ModeStrategy):
     """One process per TF_CONFIG task (``chief`` and ``worker`` roles)."""
 
     backend = "multi_worker"
+
+    @classmethod
+    def from_environment(cls, config, horovod, tf_config):
+        if tf_config is None:
+            raise ConfigError("--sync_backend", "multi_worker", "TF_CONFIG is not set",
+                              "set TF_CONFIG with the cluster and this task")
+        return cls(config, tf_config)
 
     def __init__(self, config: SyncConfig, cluster: TFConfig):
         cluster.require_roles("sync", allowed=("chief", "worker"), required=())
@@ -62,3 +65,15 @@ class MultiWorkerStrategy(ModeStrategy):
                         steps_per_epoch=steps_per_epoch,
                         callbacks=self.with_required_callbacks(callbacks),
                         verbose=(1 if self.is_chief else 0) if verbose is None else verbose)
+
+
+@BACKENDS.register("mirrored")
+class MirroredStrategy(ModeStrategy):
+    backend = "mirrored"
+
+    @classmethod
+    def from_environment(cls, config, horovod, tf_config):
+        return cls(config)
+
+    def __init__(self, config: SyncConfig):
+        super().__init__(config, tf.distribute.MirroredStrategy())

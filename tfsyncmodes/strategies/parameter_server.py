@@ -20,7 +20,8 @@ from absl import logging
 from tfsyncmodes.cluster import TFConfig
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError, JobFailure
-from tfsyncmodes.strategies.base import ModeStrategy
+from tfsyncmodes.registry import MODES
+from tfsyncmodes.strategies.base import Mode, ModeStrategy
 from tfsyncmodes.testing.faults import slow_worker_factor
 from tfsyncmodes.testing.throttle import throttle_self
 from tfsyncmodes.watchdog import deadline
@@ -30,6 +31,18 @@ ROLES = ("chief", "worker", "ps")
 _LOST_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
                      tf.errors.DeadlineExceededError)
 EXIT_SERVED = 0
+
+
+@MODES.register("async")
+class AsyncMode(Mode):
+    def make_strategy(self, config, horovod, tf_config):
+        return make_parameter_server_strategy(config, tf_config)
+
+    def exchange(self, config, strategy):
+        """The step's version record and the staleness remedies the config switches on."""
+        from tfsyncmodes.exchange.staleness import async_exchange
+
+        return async_exchange(config)
 
 
 def make_parameter_server_strategy(config: SyncConfig, tf_config: Optional[TFConfig]):

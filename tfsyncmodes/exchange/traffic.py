@@ -1,0 +1,29 @@
+"""Bytes on the cross-group wire, counted from the payloads really sent."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfsyncmodes.exchange.base import StateFactory
+
+
+class WireTraffic:
+    """Bytes this rank put on the cross-group wire, as optimizer state (so a resumed run
+    continues its counts).
+
+    ``dense_bytes`` is what a float32 exchange of the same update sends every step (sync
+    mode's cost), the denominator of the compression ratio.
+    """
+
+    def __init__(self):
+        self.last_step = self.total = self.steps = None
+        self.dense_bytes = 0
+
+    def build(self, size: int, state: StateFactory) -> None:
+        self.dense_bytes = 4 * size
+        self.last_step = state("bytes_sent", [], tf.int64)
+        self.total = state("bytes_sent_total", [], tf.int64)
+        self.steps = state("exchange_steps", [], tf.int64)
+
+    def record(self, sent_bytes: tf.Tensor):
+        return tf.group(self.last_step.assign(sent_bytes), self.total.assign_add(sent_bytes),
+                        self.steps.assign_add(1))

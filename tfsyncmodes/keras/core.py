@@ -1,0 +1,92 @@
+"""What the Keras 3 and tf_keras optimizer wrappers share: the config, the strategy and the
+exchange built from them, and the order in which a step runs the exchange's stages.
+
+    begin_step()                          # before the forward pass (async: version read)
+    grads = exchange.transform(grads)     # clip, compress, exchange, decompress
+    exchange.before_update(variables)
+    inner optimizer's update
+    exchange.after_update(variables)      # model averaging stages
+
+Neither wrapper knows which mode it runs: the mode's exchange does (``Mode.exchange``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+
+import tensorflow as tf
+
+from tfsyncmodes import config as config_lib
+from tfsyncmodes import registry
+from tfsyncmodes.exchange.base import Chain, StateFactory
+
+
+class SyncCore:
+    """One wrapped optimizer's exchange, built from exactly `config` (and `strategy`'s groups)."""
+
+    def __init__(self, config, strategy=None):
+        self.config = config
+        self.strategy = strategy
+        mode = registry.MODES.get(config.mode, config.sources.get("mode", "argument"), "mode")()
+        self.exchange: Chain = mode.exchange(config, strategy)
+        self.variables: Sequence = ()
+
+    @classmethod
+    def from_saved(cls, knobs: Mapping[str, Any]) -> "SyncCore":
+        """The core a loaded model's optimizer gets: the saved knobs, and the strategy in force
+        now if it runs the same mode (else none: the exchange keeps its state, unused)."""
+        from tfsyncmodes.strategies.base import ModeStrategy
+
+        config = config_lib.from_saved(knobs)
+        strategy = ModeStrategy.current()
+        return cls(config, strategy if strategy is not None and strategy.mode == config.mode else None)
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    def attach(self, inner_optimizer) -> None:
+        self.exchange.attach(inner_optimizer)
+
+    def build(self, variables: Sequence, state: StateFactory) -> None:
+        self.variables = list(variables)
+        self.exchange.build(self.variables, state)
+
+    def begin_step(self) -> tf.Tensor:
+        read = self.exchange.begin_step()
+        return read if read is not None else tf.zeros((), tf.int64)
+
+    def apply(self, grads, variables, inner_apply: Callable[[list], Any]):
+        grads = self.exchange.transform(list(grads), variables)
+        self.exchange.before_update(variables)
+        result = inner_apply(grads)
+        self.exchange.after_update(variables)
+        return result
+
+    def step_logs(self) -> Dict[str, tf.Tensor]:
+        return self.exchange.step_logs()
+
+    def finish(self) -> None:
+        """End of training: drain background rounds, then end with one model."""
+        self.exchange.flush()
+        self.exchange.finish(self.variables)
+
+    def get_config(self) -> Dict[str, Any]:
+        return config_lib.knob_values(self.config)
+
+
+def state_factory(add_variable: Callable[..., Any]) -> StateFactory:
+    """A StateFactory over an optimizer's ``add_variable(shape, dtype, initializer, name)``."""
+    def state(name: str, shape, dtype: tf.DType):
+        return add_variable(shape=tuple(shape), dtype=tf.as_dtype(dtype).name, initializer="zeros",
+                            name=name)
+    return state
+
+
+def saved_core(config: Dict[str, Any]) -> Optional[SyncCore]:
+    """Pops the wrapper's keys from an optimizer config and rebuilds its core (older saves
+    carry only the mode)."""
+    knobs = config.pop("tfsync_knobs", None)
+    mode = config.pop("mode", None) or config.pop("sync_mode", None)
+    if knobs is None and mode is None:
+        return None
+    return SyncCore.from_saved(knobs if knobs is not None else {"mode": mode})
