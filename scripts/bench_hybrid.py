@@ -70,7 +70,7 @@ def worker(out_path: str) -> None:
 
     import tfsyncmodes
     from tfsyncmodes import config as config_lib
-    from tfsyncmodes.exchange import hybrid
+    from tfsyncmodes.exchange.policies import CrossGroupPolicy
     from tfsyncmodes.testing.faults import SlowWorker
     from tfsyncmodes.keras.compat import keras
 
@@ -96,12 +96,10 @@ def worker(out_path: str) -> None:
             keras.layers.Dense(FLAGS.hidden, activation="relu"),
             keras.layers.Dense(FLAGS.hidden, activation="relu"),
             keras.layers.Dense(10)])
-        if mode != "sync":  # the exchange is built from the run's config when wrapped
-            staleness = int(mode.split("_s")[1])
-            config_lib.set_current(config_lib.resolve(dict(base, staleness=staleness), environ={},
-                                                      use_flags=False))
-            mode = "hybrid"
-        model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.Adam(1e-3), mode), loss=loss_fn,
+        # Each model's exchange is built from the config it is wrapped with.
+        knobs = {"mode": "sync"} if mode == "sync" else dict(base, staleness=int(mode.split("_s")[1]))
+        knobs = config_lib.resolve(knobs, environ={}, use_flags=False)
+        model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.Adam(1e-3), config=knobs), loss=loss_fn,
                       jit_compile=False)
         return model
 
@@ -142,7 +140,7 @@ def worker(out_path: str) -> None:
 
     # (a) bytes per step from the payloads, and (b) the cost of compressing.
     first = models[f"hybrid_s{bounds[0]}"]
-    traffic = hybrid.exchange_parts(first.optimizer)[0].traffic
+    traffic = first.optimizer.exchange.find(CrossGroupPolicy)[0].link.traffic
     history = first.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0, callbacks=quiet)
     results["bytes_sent_per_step"] = history.history["bytes_sent"][-1]
     results["dense_bytes_per_step"] = traffic.dense_bytes
@@ -155,22 +153,23 @@ def worker(out_path: str) -> None:
         results["sync_step_s"].append((time.perf_counter() - started) / 20)
     flat = tf.constant(np.random.default_rng(2).standard_normal(size).astype("float32"))
     from tfsyncmodes.exchange.compressors import TopKCompressor
+    from tfsyncmodes.exchange.flat import TensorContext
     from tfsyncmodes.exchange.memory import ResidualMemory
 
-    compressor, memory = TopKCompressor(FLAGS.topk_ratio), ResidualMemory()
-    memory.build(size)
+    compressor, memory, ctx = TopKCompressor(ratio=FLAGS.topk_ratio), ResidualMemory(), TensorContext("flat", (size,))
+    memory.build(ctx, lambda name, shape, dtype: tf.Variable(tf.zeros(shape, dtype), trainable=False))
 
     @tf.function
     def compress_decompress(update):
-        return compressor.decompress(compressor.compress(update), size)
+        return compressor.decompress(compressor.compress(update, ctx), ctx)
 
     @tf.function
     def with_error_feedback(update):
-        compensated = memory.compensate(update)
-        payload = compressor.compress(compensated)
-        remembered = memory.update(compensated, payload, compressor)
+        compensated = memory.compensate(update, ctx)
+        payload = compressor.compress(compensated, ctx)
+        remembered = memory.update(compensated, payload, compressor, ctx)
         with tf.control_dependencies([remembered]):
-            return compressor.decompress(payload, size)
+            return compressor.decompress(payload, ctx)
 
     def timed(function, *args):
         started = time.perf_counter()

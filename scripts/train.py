@@ -115,7 +115,7 @@ def main(argv):
         else:
             optimizer = keras.optimizers.Adam(FLAGS.learning_rate or 0.01)
         model.compile(
-            optimizer=tfsyncmodes.wrap(optimizer, strategy.mode),
+            optimizer=strategy.wrap(optimizer),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
             # This Horovod build has no XLA kernels, and Keras 3 turns XLA on by itself on GPUs
