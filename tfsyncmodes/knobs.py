@@ -1,0 +1,184 @@
+"""Every knob of tfsyncmodes, declared once: its config-file key, flag, default, parser, help
+and the modes that use it. The flags (``tfsyncmodes.flags``), the environment variables, the
+accepted config-file keys, the validation and the configuration listing all derive from
+:data:`KNOBS`; values a registry accepts (modes, backends, compressors, policies) are read from
+:mod:`tfsyncmodes.registry` when they are parsed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Mapping, Tuple
+
+from tfsyncmodes import registry
+from tfsyncmodes.errors import one_of
+
+ENV_PREFIX = "TFSYNC_"
+ALL_MODES = ()  # a knob every mode uses
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """A configuration value: its name in a config file, its flag, its parser and its help."""
+
+    key: str
+    flag: str
+    default: Any
+    parse: Callable[[Any], Any]
+    help: str
+    modes: Tuple[str, ...] = ALL_MODES  # the modes that use it (listed for them only)
+
+    def used_by(self, mode: str) -> bool:
+        return not self.modes or mode in self.modes
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+
+def _choice(choices: Callable[[], Tuple[str, ...]]) -> Callable[[Any], str]:
+    """A parser accepting the names `choices()` gives (read at parse time, from a registry)."""
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in choices():
+            raise ValueError(f"{value!r} is not accepted", one_of(choices()))
+        return text
+    parse.choices = choices
+    return parse
+
+
+def _registered(reg: registry.Registry, *extra: str) -> Callable[[Any], str]:
+    return _choice(lambda: extra + reg.names())
+
+
+def _number(kind: type, low: float, high: float) -> Callable[[Any], Any]:
+    def parse(value: Any) -> Any:
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{value!r} is not a {kind.__name__}", f"use a {kind.__name__} in [{low}, {high}]")
+        if not low <= number <= high:
+            raise ValueError(f"{number} is out of range", f"use a {kind.__name__} in [{low}, {high}]")
+        return number
+    return parse
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean", "use true or false")
+
+
+def _rank_groups(value: Any) -> str:
+    """Explicit hybrid groups, '0,1;2,3' or a list of lists, as canonical text ('' = none)."""
+    fix = "give groups of Horovod ranks separated by ';', ranks by ',', e.g. 0,1;2,3"
+    if isinstance(value, (list, tuple)):
+        groups = [list(g) if isinstance(g, (list, tuple)) else [g] for g in value]
+    else:
+        text = str(value).strip()
+        if not text:
+            return ""
+        groups = [[r for r in part.split(",") if r.strip()] for part in text.split(";")]
+    seen: Dict[int, int] = {}
+    for number, group in enumerate(groups):
+        if not group:
+            raise ValueError(f"group {number} of {value!r} is empty", fix)
+        for rank in group:
+            try:
+                rank = int(str(rank).strip())
+                if rank < 0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"{rank!r} in {value!r} is not a rank (an integer >= 0)", fix) from None
+            if rank in seen:
+                raise ValueError(f"rank {rank} is in group {seen[rank]} and group {number}",
+                                 "put every rank in exactly one group")
+            seen[rank] = number
+    return ";".join(",".join(str(int(str(r).strip())) for r in g) for g in groups)
+
+
+def _slow_worker(value: Any) -> str:
+    text = str(value).strip()
+    if not text:
+        return ""
+    fix = "use INDEX:FACTOR with INDEX >= 0 and FACTOR >= 1, e.g. 1:4.0"
+    index, _, factor = text.partition(":")
+    try:
+        if int(index) < 0 or float(factor) < 1.0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{value!r} is not accepted", fix) from None
+    return f"{int(index)}:{float(factor)}"
+
+
+KNOBS: Tuple[Knob, ...] = (
+    Knob("mode", "sync_mode", "sync", _registered(registry.MODES),
+         "How replicas keep in step: sync (allreduce every step), async (parameter servers), "
+         "hybrid (sync inside groups, compressed and bounded-stale across them)."),
+    Knob("backend", "sync_backend", "auto", _registered(registry.BACKENDS, "auto"),
+         "Engine for sync mode. auto: horovod under horovodrun, multi_worker with a TF_CONFIG "
+         "of several workers, mirrored otherwise.",
+         modes=("sync",)),
+    Knob("collective_timeout", "sync_collective_timeout", 300.0, _number(float, 1.0, 86400.0),
+         "Seconds a collective operation may wait for peers before the run fails instead of "
+         "hanging."),
+    Knob("slow_worker", "slow_worker", "", _slow_worker,
+         "Fault injection for benchmarks: 'INDEX:FACTOR' makes worker INDEX take FACTOR times "
+         "as long per step (e.g. 1:4.0). Empty: off."),
+    # --- async knobs ---
+    Knob("ps_shards", "ps_shards", 1, _number(int, 1, 1024),
+         "Async: split each large variable over up to this many ps tasks (1: no sharding).",
+         modes=("async",)),
+    Knob("min_shard_bytes", "min_shard_bytes", 256 << 10, _number(int, 1, 1 << 40),
+         "Async: a variable shard holds at least this many bytes.",
+         modes=("async",)),
+    Knob("clip_norm", "clip_norm", 0.0, _number(float, 0.0, 1e9),
+         "Async: clip each update's gradients to this global norm (0: off).",
+         modes=("async",)),
+    Knob("staleness_aware_lr", "staleness_aware_lr", True, _boolean,
+         "Async: scale each update by 1/(1+staleness), staleness = updates that landed "
+         "between the worker's read and its write. Hybrid with cross_group=stale: scale each "
+         "of the other groups' updates by 1/(1+steps it is applied late).",
+         modes=("async", "hybrid")),
+    Knob("lr_decay", "lr_decay", 0.0, _number(float, 0.0, 1e3),
+         "Async: scale update n by 1/(1 + lr_decay * n) (inverse-time decay; 0: off).",
+         modes=("async",)),
+    Knob("momentum", "momentum", 0.9, _number(float, 0.0, 0.999),
+         "Async: momentum of the SGD optimizer scripts/train.py uses in async mode.",
+         modes=("async",)),
+    # --- hybrid knobs ---
+    Knob("group_size", "group_size", 0, _number(int, 0, 1 << 20),
+         "Hybrid: ranks 0..S-1 form group 0, S..2S-1 group 1, ... (0: one group per host).",
+         modes=("hybrid",)),
+    Knob("groups", "groups", "", _rank_groups,
+         "Hybrid: explicit groups of Horovod ranks, e.g. '0,1;2,3' (overrides group_size).",
+         modes=("hybrid",)),
+    Knob("compression", "compression", "topk", _registered(registry.COMPRESSORS),
+         "Hybrid: how updates travel across groups: none (float32), fp16 (half the bytes), "
+         "topk (the topk_ratio largest entries as values + int32 indices).",
+         modes=("hybrid",)),
+    Knob("topk_ratio", "topk_ratio", 0.01, _number(float, 1e-6, 1.0),
+         "Hybrid: fraction of entries compression=topk sends each step.",
+         modes=("hybrid",)),
+    Knob("error_feedback", "error_feedback", True, _boolean,
+         "Hybrid: add what compression dropped back into the next step's update.",
+         modes=("hybrid",)),
+    Knob("staleness", "staleness", 2, _number(int, 0, 1000),
+         "Hybrid: a group may run at most this many steps ahead of the slowest group "
+         "(0: groups stay in lockstep).",
+         modes=("hybrid",)),
+    Knob("cross_group", "cross_group", "periodic", _registered(registry.CROSS_GROUP),
+         "Hybrid: periodic (local SGD: groups average their model changes every "
+         "staleness+1 steps, and their models at the end) or stale (a background exchange "
+         "every step, applied as soon as it is in and at most staleness steps late).",
+         modes=("hybrid",)),
+    Knob("warmup_steps", "warmup_steps", 0, _number(int, 0, 1 << 30),
+         "Hybrid: the first this many steps run in lockstep (staleness 0) before the "
+         "staleness bound applies.",
+         modes=("hybrid",)),
+)
+KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}
