@@ -15,12 +15,15 @@ import os
 import sys
 import time
 
+# TensorFlow's C++ start-up lines on every rank, unless the user asked for them.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags, logging  # noqa: E402
 
 import tfsyncmodes  # noqa: E402
-from tfsyncmodes.errors import ConfigError  # noqa: E402
+from tfsyncmodes.errors import ConfigError, at_least  # noqa: E402
+from tfsyncmodes.paths import usable_directory  # noqa: E402
 
 flags.DEFINE_integer("epochs", 10, "Passes over the training set.")
 flags.DEFINE_integer("batch_size", 64, "Global batch size (split evenly over the replicas).")
@@ -85,9 +88,18 @@ def main(argv):
     from tfsyncmodes.keras.compat import keras
 
     tf.get_logger().setLevel("WARNING")
+    for name, low in (("epochs", 1), ("batch_size", 1), ("synthetic_samples", 1), ("synthetic_features", 1),
+                      ("hidden_units", 1)):
+        at_least(FLAGS[name].value, low, "flag", f"--{name}")
+    at_least(FLAGS.learning_rate, 1e-12, "flag", "--learning_rate", "use a positive number, e.g. 0.01")
+    usable_directory(FLAGS.model_dir, "flag", "--model_dir")
+    for name in ("metrics_file",):
+        if FLAGS[name].value:
+            usable_directory(os.path.dirname(os.path.abspath(FLAGS[name].value)), "flag", f"--{name}")
     strategy = tfsyncmodes.make_strategy()
     if strategy.is_chief:
-        logging.info("%s", strategy.config.describe())
+        # The knobs the mode uses; every knob with --verbosity=1.
+        logging.info("%s", strategy.config.describe(every=logging.get_verbosity() >= logging.DEBUG))
         logging.info("strategy: %s", strategy.describe())
     else:
         logging.set_verbosity(logging.WARNING)

@@ -66,6 +66,17 @@ def _refuse_duplicate_keys(pairs):
     return seen
 
 
+def _check_address(address: str, field: str) -> None:
+    """`address` is host:port (host a name, an IPv4 address or a bracketed IPv6 one) with a
+    port in 1..65535."""
+    host, _, port = address.rpartition(":")
+    fix = "give host:port with a port in 1..65535, e.g. 10.0.0.1:2222"
+    if not host or host.strip() != host or (":" in host and not (host.startswith("[") and host.endswith("]"))):
+        raise ConfigError(TF_CONFIG, field, f"{address!r} has no valid host", fix + " or [::1]:2222")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(TF_CONFIG, field, f"port {port!r} of {address!r} is not a number in 1..65535", fix)
+
+
 def _parse_tf_config(text: str) -> TFConfig:
     try:
         raw = json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
@@ -93,6 +104,7 @@ def _parse_tf_config(text: str) -> TFConfig:
             raise ConfigError(TF_CONFIG, "cluster.chief", f"{len(addresses)} chiefs given",
                               "a cluster has at most one chief")
         for index, address in enumerate(addresses):
+            _check_address(address, f"cluster.{role}[{index}]")
             if address in seen:
                 raise ConfigError(TF_CONFIG, f"cluster.{role}[{index}]",
                                   f"address {address} is also {seen[address]}",

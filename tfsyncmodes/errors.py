@@ -51,7 +51,23 @@ def run(main: Callable[[list], object]) -> None:
             # TensorFlow's teardown of a broken cluster logs a page of gRPC errors; skip it.
             os._exit(EXIT_JOB_FAILURE)
 
-    app.run(guarded)
+    def parse_flags(argv):
+        # absl's own parser prints the usage and exits 1; a bad flag is bad input like any other.
+        from absl import flags
+
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as error:
+            print(f"tfsyncmodes: error: flag: {error}; see --helpfull", file=sys.stderr, flush=True)
+            sys.exit(EXIT_CONFIG_ERROR)
+
+    app.run(guarded, flags_parser=parse_flags)
+
+
+def at_least(value, low, source: str, field: str, fix: Optional[str] = None) -> None:
+    """ConfigError unless `value` >= `low` (None: not given, nothing to check)."""
+    if value is not None and value < low:
+        raise ConfigError(source, field, f"{value} is too small", fix or f"use a value >= {low}")
 
 
 class JobFailure(RuntimeError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import weakref
 from typing import Callable, List, Optional, Sequence
@@ -177,9 +178,11 @@ class ModeStrategy:
         under `model_dir`."""
         from tfsyncmodes.keras.compat import keras
 
+        from tfsyncmodes.paths import usable_directory
+
         callbacks = self.required_callbacks()
         if model_dir and self.is_chief:
-            os.makedirs(model_dir, exist_ok=True)
+            os.makedirs(usable_directory(model_dir, "argument", "model_dir"), exist_ok=True)
             if checkpoint:
                 callbacks.append(keras.callbacks.ModelCheckpoint(
                     os.path.join(model_dir, "checkpoint.weights.h5"), save_weights_only=True))
@@ -197,9 +200,17 @@ class ModeStrategy:
         """
         dataset = self.distribute_datasets_from_function(dataset_fn)
         if verbose is None:
-            verbose = 1 if self.is_chief else 0
+            verbose = self.default_verbose()
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
                          callbacks=self.with_required_callbacks(callbacks), verbose=verbose)
+
+    def default_verbose(self) -> int:
+        """Keras' ``verbose="auto"`` for this process: a progress bar on the chief's terminal,
+        one line per epoch when its output is not a terminal (as under horovodrun), nothing
+        on the other processes."""
+        if not self.is_chief:
+            return 0
+        return 1 if sys.stdout.isatty() else 2
 
     def with_required_callbacks(self, callbacks: Sequence) -> List:
         """`callbacks` with the mode's required ones in front, unless already there."""

@@ -64,7 +64,7 @@ class MultiWorkerStrategy(ModeStrategy):
         return fit_loop(model, StrategyRunner(self, dataset_fn), epochs=epochs,
                         steps_per_epoch=steps_per_epoch,
                         callbacks=self.with_required_callbacks(callbacks),
-                        verbose=(1 if self.is_chief else 0) if verbose is None else verbose)
+                        verbose=self.default_verbose() if verbose is None else verbose)
 
 
 @BACKENDS.register("mirrored")

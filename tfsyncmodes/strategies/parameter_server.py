@@ -194,7 +194,7 @@ class AsyncStrategy(ModeStrategy):
         from tfsyncmodes.keras import compat
 
         callbacks = self.with_required_callbacks(callbacks)
-        verbose = 1 if verbose is None else verbose
+        verbose = self.default_verbose() if verbose is None else verbose
         if compat.LEGACY:
             from tfsyncmodes.keras.legacy_async import fit_legacy
 
