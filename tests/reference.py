@@ -158,3 +158,30 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     ranks = [_flat(params[g]) for g, group in enumerate(groups) for _ in group]
     consensus = _unflat(np.sum(ranks, axis=0, dtype=np.float32) / np.float32(len(ranks)), start)
     return [consensus for _ in groups]
+
+
+def compressed_mean_training(kernel, bias, x, y, compression, ratio=0.01, error_feedback=True, lr=LR):
+    """SGD in sync mode with compression, in float32: each replica compresses its gradient plus
+    its residual, every replica applies the mean of the decompressed payloads, and keeps what
+    its payload left out. fp16 payloads are summed in float16 (as the allreduce does)."""
+    params = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
+    replicas = x.shape[1]
+    residuals = [np.zeros(_flat(params).size, np.float32) for _ in range(replicas)]
+    for step in range(x.shape[0]):
+        sent = []
+        for r in range(replicas):
+            grad = _flat(mse_gradients(*[p.astype(np.float64) for p in params], x[step, r], y[step, r]))
+            compensated = (grad.astype(np.float32) + residuals[r]) if error_feedback else grad.astype(np.float32)
+            if compression == "topk":
+                dense = topk_decompress(*topk_compress(compensated, ratio), compensated.size)
+            else:
+                dense = compensated.astype(np.float16)
+            sent.append(dense)
+            if error_feedback:
+                residuals[r] = (compensated - dense.astype(np.float32)).astype(np.float32)
+        total = sent[0]
+        for part in sent[1:]:
+            total = total + part  # float16 + float16 stays float16, as on the wire
+        mean = total.astype(np.float32) / np.float32(replicas)
+        params = _unflat(_flat(params) - np.float32(lr) * mean, params)
+    return params

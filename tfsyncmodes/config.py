@@ -150,4 +150,7 @@ def resolve(
             field = {"environment": knob.env, "flag": "--" + knob.flag}.get(source, key)
             values[key] = _parse(knob, value, source, field)
             sources[key] = source
+    for knob in KNOBS:  # a default that depends on the mode (compression: topk in hybrid)
+        if sources[knob.key] == "default":
+            values[knob.key] = knob.default_for(values["mode"])
     return SyncConfig(**values, sources=sources)

@@ -26,6 +26,10 @@ class Knob:
     parse: Callable[[Any], Any]
     help: str
     modes: Tuple[str, ...] = ALL_MODES  # the modes that use it (listed for them only)
+    mode_defaults: Tuple[Tuple[str, Any], ...] = ()  # (mode, default) where a mode's differs
+
+    def default_for(self, mode: str) -> Any:
+        return dict(self.mode_defaults).get(mode, self.default)
 
     def used_by(self, mode: str) -> bool:
         return not self.modes or mode in self.modes
@@ -157,16 +161,18 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("groups", "groups", "", _rank_groups,
          "Hybrid: explicit groups of Horovod ranks, e.g. '0,1;2,3' (overrides group_size).",
          modes=("hybrid",)),
-    Knob("compression", "compression", "topk", _registered(registry.COMPRESSORS),
-         "Hybrid: how updates travel across groups: none (float32), fp16 (half the bytes), "
-         "topk (the topk_ratio largest entries as values + int32 indices).",
-         modes=("hybrid",)),
+    Knob("compression", "compression", "none", _registered(registry.COMPRESSORS),
+         "Sync (under Horovod): how gradients travel in the allreduce; hybrid: how updates "
+         "travel across groups. none (float32), fp16 (half the bytes), topk (the topk_ratio "
+         "largest entries as values + int32 indices, with error feedback). Default: none in "
+         "sync mode, topk in hybrid mode.",
+         modes=("sync", "hybrid"), mode_defaults=(("hybrid", "topk"),)),
     Knob("topk_ratio", "topk_ratio", 0.01, _number(float, 1e-6, 1.0),
-         "Hybrid: fraction of entries compression=topk sends each step.",
-         modes=("hybrid",)),
+         "Sync and hybrid: fraction of entries compression=topk sends each step.",
+         modes=("sync", "hybrid")),
     Knob("error_feedback", "error_feedback", True, _boolean,
-         "Hybrid: add what compression dropped back into the next step's update.",
-         modes=("hybrid",)),
+         "Sync and hybrid: add what compression dropped back into the next step's update.",
+         modes=("sync", "hybrid")),
     Knob("staleness", "staleness", 2, _number(int, 0, 1000),
          "Hybrid: a group may run at most this many steps ahead of the slowest group "
          "(0: groups stay in lockstep).",

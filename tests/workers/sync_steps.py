@@ -55,12 +55,14 @@ def main(argv):
         inner = (keras.optimizers.SGD(reference.LR) if args.optimizer == "sgd"
                  else keras.optimizers.Adam(reference.LR))
         model.compile(optimizer=tfsyncmodes.wrap(inner, "sync"), loss="mse", jit_compile=False)
-    strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
+    history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
     final = model.get_weights()
     np.savez(os.path.join(args.outdir, f"worker{strategy.worker_index}.npz"),
              kernel0=initial[0], bias0=initial[1], kernel=final[0], bias=final[1],
              iterations=int(np.asarray(model.optimizer.iterations)), replicas=replicas,
-             backend=strategy.backend, optimizer_class=type(model.optimizer).__name__)
+             backend=strategy.backend, optimizer_class=type(model.optimizer).__name__,
+             bytes_sent=history.history.get("bytes_sent", [-1.0])[-1],
+             compression_ratio=history.history.get("compression_ratio", [-1.0])[-1])
 
 
 if __name__ == "__main__":

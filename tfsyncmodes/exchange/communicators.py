@@ -1,9 +1,10 @@
 """Communicators: how gradients and payloads cross processes.
 
 :class:`HorovodAllreduce` is a part (dense mean over a process set, every step).
-A cross-group communicator's contract is ``send_receive(payload, compressor, ctx, name) ->
-the sum of the other groups' updates`` (decompressed, dense float32); it may run as many
-collective rounds as it needs.
+A cross-group communicator's contract is ``send_receive(payload, compressor, ctx, name,
+everyone=False) -> the sum of the other groups' updates`` (with `everyone`, of every group's,
+this one's included, summed in the same order on every rank); decompressed, dense float32. It
+may run as many collective rounds as it needs.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ class CrossGroupCommunicator:
     def num_groups(self) -> int:
         return len(self.group_order)
 
-    def send_receive(self, payload, compressor, ctx, name: str):
+    def send_receive(self, payload, compressor, ctx, name: str, everyone: bool = False):
         raise NotImplementedError
 
 
@@ -62,14 +63,14 @@ class CrossGroupAllgather(CrossGroupCommunicator):
     """For sparse payloads (Top-K): each rank's indices differ, so values and int32 indices
     are allgathered and the other groups' rows decompressed (entries sharing an index add)."""
 
-    def send_receive(self, payload, compressor, ctx, name):
+    def send_receive(self, payload, compressor, ctx, name, everyone=False):
         import tensorflow as tf
 
         if self.process_set is None:
-            return tf.zeros([ctx.size], tf.float32)
+            return compressor.decompress(tuple(payload), ctx) if everyone else tf.zeros([ctx.size], tf.float32)
         import horovod.tensorflow as hvd
 
-        others = [p for g, p in enumerate(self.group_order) if g != self.own]
+        others = [p for g, p in enumerate(self.group_order) if everyone or g != self.own]
         gathered = []
         for i, tensor in enumerate(payload):
             everyone = hvd.allgather(tensor, name=f"{name}.{i}", process_set=self.process_set)
@@ -82,16 +83,17 @@ class CrossGroupAllreduce(CrossGroupCommunicator):
     """For dense payloads (float32, fp16): one allreduce in the payload's own dtype, so fp16
     puts half the bytes on the wire; the other groups' part is the sum minus this one's."""
 
-    def send_receive(self, payload, compressor, ctx, name):
+    def send_receive(self, payload, compressor, ctx, name, everyone=False):
         import tensorflow as tf
 
         if self.process_set is None:
-            return tf.zeros([ctx.size], tf.float32)
+            return compressor.decompress(tuple(payload), ctx) if everyone else tf.zeros([ctx.size], tf.float32)
         import horovod.tensorflow as hvd
 
-        summed = tuple(hvd.allreduce(t, op=hvd.Sum, name=f"{name}.{i}", process_set=self.process_set)
-                       for i, t in enumerate(payload))
-        return compressor.decompress(summed, ctx) - compressor.decompress(tuple(payload), ctx)
+        summed = compressor.decompress(tuple(
+            hvd.allreduce(t, op=hvd.Sum, name=f"{name}.{i}", process_set=self.process_set)
+            for i, t in enumerate(payload)), ctx)
+        return summed if everyone else summed - compressor.decompress(tuple(payload), ctx)
 
 
 def cross_group(compressor, process_set, group_order, own: int) -> CrossGroupCommunicator:

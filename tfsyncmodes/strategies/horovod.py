@@ -89,8 +89,15 @@ class HorovodStrategy(ModeStrategy):
 
     def _correctness_callbacks(self) -> List:
         from tfsyncmodes.keras.callbacks import BroadcastInitialState, MetricAverage
+        from tfsyncmodes.keras.hybrid_callbacks import WireTrafficLogger
 
-        return [BroadcastInitialState(root_rank=0), MetricAverage()]
+        # Traffic first, so that MetricAverage and History see it.
+        traffic = [WireTrafficLogger()] if self._counts_traffic() else []
+        return traffic + [BroadcastInitialState(root_rank=0), MetricAverage()]
+
+    def _counts_traffic(self) -> bool:
+        """Whether the exchange counts its bytes (a compressed one does)."""
+        return self.config.compression != "none"
 
 
 def _is_sum(reduce_op) -> bool:

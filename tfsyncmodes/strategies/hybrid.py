@@ -46,10 +46,12 @@ class HybridStrategy(HorovodStrategy):
         return self.layout.group_of(self.worker_index)
 
     def _correctness_callbacks(self) -> List:
-        from tfsyncmodes.keras.hybrid_callbacks import DrainExchange, WireTrafficLogger
+        from tfsyncmodes.keras.hybrid_callbacks import DrainExchange
 
-        # Traffic first, so that MetricAverage and History see it; drain at the end.
-        return [WireTrafficLogger()] + super()._correctness_callbacks() + [DrainExchange()]
+        return super()._correctness_callbacks() + [DrainExchange()]  # drain at the end
+
+    def _counts_traffic(self) -> bool:
+        return True
 
     def describe(self) -> str:
         return (super().describe() + f" groups={';'.join(','.join(map(str, g)) for g in self.layout.groups)}"

@@ -21,6 +21,7 @@ class MultiWorkerStrategy(ModeStrategy):
 
     @classmethod
     def from_environment(cls, config, horovod, tf_config):
+        refuse_compression(config, cls.backend)
         if tf_config is None:
             raise ConfigError("--sync_backend", "multi_worker", "TF_CONFIG is not set",
                               "set TF_CONFIG with the cluster and this task")
@@ -73,7 +74,18 @@ class MirroredStrategy(ModeStrategy):
 
     @classmethod
     def from_environment(cls, config, horovod, tf_config):
+        refuse_compression(config, cls.backend)
         return cls(config)
+
+
+def refuse_compression(config, backend: str) -> None:
+    """tf.distribute's strategies reduce gradients themselves; their CommunicationOptions choose
+    the collective implementation (ring, NCCL), not a compression."""
+    if config.compression != "none":
+        raise ConfigError(config.sources.get("compression", "default"), "compression",
+                          f"{config.compression!r} is not available with the {backend} backend, whose "
+                          "tf.distribute strategy reduces full-precision gradients itself",
+                          "run under horovodrun (--sync_backend=horovod), or use --compression=none")
 
     def __init__(self, config: SyncConfig):
         super().__init__(config, tf.distribute.MirroredStrategy())

@@ -39,9 +39,17 @@ class SyncMode(Mode):
 
     def exchange(self, config, strategy):
         """Under a tf.distribute strategy the strategy reduces gradients itself, so nothing;
-        under Horovod (one replica per process) one grouped allreduce per step."""
-        if tf.distribute.has_strategy() or horovod_world_size() <= 1:
+        under Horovod (one replica per process) one grouped allreduce per step, or with
+        ``--compression`` the compressed exchange (its error feedback is optimizer state)."""
+        size = horovod_world_size()
+        if tf.distribute.has_strategy() or size <= 1:
             return Chain()
+        if config.compression != "none":
+            import horovod.tensorflow as hvd
+
+            from tfsyncmodes.exchange.compressed_allreduce import compressed_allreduce
+
+            return Chain(compressed_allreduce(config, hvd.rank(), size))
         from tfsyncmodes.exchange.communicators import HorovodAllreduce
 
         return Chain(HorovodAllreduce())
