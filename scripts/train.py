@@ -148,10 +148,14 @@ def main(argv):
             "mode": strategy.mode, "backend": strategy.backend,
             "replicas": strategy.num_replicas_in_sync, "epochs": FLAGS.epochs,
             "steps": int(np.asarray(model.optimizer.iterations)),
-            "final_loss": float(history.history["loss"][-1]),
+            # Epochs this run trained (a resumed run starts after the last completed one; a
+            # rerun of a finished run trains none).
+            "epochs_run": [int(e) for e in history.epoch],
+            "losses": [float(v) for v in history.history.get("loss", [])],
+            "final_loss": float(history.history["loss"][-1]) if history.history.get("loss") else None,
             "test_accuracy": accuracy, "train_seconds": round(seconds, 3),
         }
-        for key in ("staleness_mean", "staleness_max", "staleness"):
+        for key in ("staleness_mean", "staleness_max", "staleness", "bytes_sent", "compression_ratio"):
             if key in history.history:
                 metrics[key] = [float(v) for v in history.history[key]]
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)

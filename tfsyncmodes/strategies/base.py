@@ -174,21 +174,31 @@ class ModeStrategy:
 
     def callbacks(self, model_dir: Optional[str] = None, checkpoint: bool = True,
                   tensorboard: bool = True) -> List:
-        """The mode's required callbacks, then chief-only checkpoint and TensorBoard logging
-        under `model_dir`."""
+        """The mode's required callbacks, resuming from `model_dir`/backup after a failure
+        (every process restores, the chief writes), then chief-only checkpoint and TensorBoard
+        logging under `model_dir`."""
         from tfsyncmodes.keras.compat import keras
-
+        from tfsyncmodes.keras.resume import ResumeFromBackup
         from tfsyncmodes.paths import usable_directory
 
         callbacks = self.required_callbacks()
-        if model_dir and self.is_chief:
-            os.makedirs(usable_directory(model_dir, "argument", "model_dir"), exist_ok=True)
+        if not model_dir:
+            return callbacks
+        usable_directory(model_dir, "argument", "model_dir")
+        if checkpoint:
+            callbacks.insert(0, ResumeFromBackup(os.path.join(model_dir, "backup"), writes=self._backup_writes()))
+        if self.is_chief:
+            os.makedirs(model_dir, exist_ok=True)
             if checkpoint:
                 callbacks.append(keras.callbacks.ModelCheckpoint(
                     os.path.join(model_dir, "checkpoint.weights.h5"), save_weights_only=True))
             if tensorboard:
                 callbacks.append(keras.callbacks.TensorBoard(os.path.join(model_dir, "logs")))
         return callbacks
+
+    def _backup_writes(self):
+        """Which process writes the resume backup: the chief (None: the engine decides)."""
+        return self.is_chief
 
     def fit(self, model, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset], *,
             epochs: int = 1, steps_per_epoch: Optional[int] = None, callbacks: Sequence = (),

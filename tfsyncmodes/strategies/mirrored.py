@@ -43,6 +43,11 @@ class MultiWorkerStrategy(ModeStrategy):
     def is_chief(self) -> bool:
         return self.cluster.is_chief
 
+    def _backup_writes(self):
+        from tfsyncmodes.keras import compat
+
+        return None if compat.LEGACY else self.is_chief  # tf_keras coordinates its own writers
+
     @property
     def worker_index(self) -> int:
         offset = 1 if self.cluster.task_type == "worker" and "chief" in self.cluster.cluster else 0

@@ -177,16 +177,10 @@ class AsyncStrategy(ModeStrategy):
                           f"go on ({type(error).__name__}); restart the cluster with the same --model_dir "
                           "to resume from the last finished epoch")
 
-    def callbacks(self, model_dir: Optional[str] = None, checkpoint: bool = True,
-                  tensorboard: bool = True) -> List:
-        """Adds ``BackupAndRestore`` under `model_dir`, so that a rerun after a lost parameter
-        server resumes from the last finished epoch."""
-        from tfsyncmodes.keras.compat import keras
+    def _backup_writes(self):
+        from tfsyncmodes.keras import compat
 
-        callbacks = super().callbacks(model_dir, checkpoint, tensorboard)
-        if model_dir and checkpoint:
-            callbacks.insert(0, keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup")))
-        return callbacks
+        return None if compat.LEGACY else True  # tf_keras coordinates its own writers here
 
     def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None):
         """tf_keras trains with ``model.fit`` (it supports this strategy); Keras 3 refuses it, so
