@@ -41,6 +41,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from scripts.quietstart import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()
+
 from absl import app, flags  # noqa: E402
 
 from scripts.benchlib import replace_section, run_ranks  # noqa: E402

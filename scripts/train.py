@@ -15,9 +15,11 @@ import os
 import sys
 import time
 
-# TensorFlow's C++ start-up lines on every rank, unless the user asked for them.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from scripts.quietstart import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()  # TensorFlow's C++ start-up lines, unless TF_CPP_MIN_LOG_LEVEL is set
 
 from absl import flags, logging  # noqa: E402
 

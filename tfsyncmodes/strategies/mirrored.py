@@ -82,6 +82,9 @@ class MirroredStrategy(ModeStrategy):
         refuse_compression(config, cls.backend)
         return cls(config)
 
+    def __init__(self, config: SyncConfig):
+        super().__init__(config, tf.distribute.MirroredStrategy())
+
 
 def refuse_compression(config, backend: str) -> None:
     """tf.distribute's strategies reduce gradients themselves; their CommunicationOptions choose
@@ -91,6 +94,3 @@ def refuse_compression(config, backend: str) -> None:
                           f"{config.compression!r} is not available with the {backend} backend, whose "
                           "tf.distribute strategy reduces full-precision gradients itself",
                           "run under horovodrun (--sync_backend=horovod), or use --compression=none")
-
-    def __init__(self, config: SyncConfig):
-        super().__init__(config, tf.distribute.MirroredStrategy())
