@@ -26,6 +26,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from scripts.quietstart import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()
+
 from absl import app, flags  # noqa: E402
 
 import tfsyncmodes  # noqa: E402,F401  (defines --slow_worker and the other knobs)
