@@ -97,7 +97,7 @@ def main(argv):
     usable_directory(FLAGS.model_dir, "flag", "--model_dir")
     for name in ("metrics_file",):
         if FLAGS[name].value:
-            usable_directory(os.path.dirname(os.path.abspath(FLAGS[name].value)), "flag", f"--{name}")
+            usable_directory(os.path.dirname(FLAGS[name].value) or ".", "flag", f"--{name}")
     strategy = tfsyncmodes.make_strategy()
     if strategy.is_chief:
         # The knobs the mode uses; every knob with --verbosity=1.
@@ -162,6 +162,7 @@ def main(argv):
                 metrics[key] = [float(v) for v in history.history[key]]
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)
         if FLAGS.metrics_file:
+            os.makedirs(os.path.dirname(os.path.abspath(FLAGS.metrics_file)), exist_ok=True)
             with open(FLAGS.metrics_file, "w", encoding="utf-8") as handle:
                 json.dump(metrics, handle)
 

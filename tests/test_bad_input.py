@@ -1,0 +1,94 @@
+"""Bad input caught before TensorFlow sees it: one line naming source, field and fix, exit
+status 2, no traceback.
+
+Tried, by source (beyond tests/test_cli_errors.py and tests/test_config.py):
+- TF_CONFIG addresses: a port that is not a number, port 0, port 65536, no host, an unbracketed
+  IPv6 host, an address given twice (already refused); [::1]:2222 and host names accepted.
+- scripts/train.py flags: --epochs=0, --epochs=abc (absl's parser), an unknown flag,
+  --batch_size=0, --learning_rate=-1, --hidden_units=0, --model_dir naming a file or a path
+  inside a file, --metrics_file inside a file.
+- config files: several unknown keys reported at once; knobs by their flag names accepted.
+- sync compression under the tf.distribute backends (tests/test_sync_compression.py).
+"""
+import json
+import os
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, clean_env
+from tfsyncmodes import cluster, config
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.testing import localrun
+
+TRAIN = os.path.join(REPO, "scripts", "train.py")
+
+
+def tf_config_with(address):
+    return json.dumps({"cluster": {"worker": [address, "127.0.0.1:2223"]}, "task": {"type": "worker", "index": 0}})
+
+
+@pytest.mark.parametrize("address, words", [
+    ("127.0.0.1:abc", ["cluster.worker[0]", "port 'abc'", "1..65535"]),
+    ("127.0.0.1:0", ["port '0'", "1..65535"]),
+    ("127.0.0.1:65536", ["port '65536'"]),
+    (":2222", ["has no valid host"]),
+    ("::1:2222", ["has no valid host", "[::1]:2222"]),
+])
+def test_tf_config_addresses_are_host_and_port(address, words):
+    with pytest.raises(ConfigError) as raised:
+        cluster.tf_config({"TF_CONFIG": tf_config_with(address)})
+    assert str(raised.value).startswith("TF_CONFIG: ")
+    for word in words:
+        assert word in str(raised.value)
+
+
+@pytest.mark.parametrize("address", ["[::1]:2222", "worker-0.svc.cluster.local:2222", "10.0.0.1:1"])
+def test_tf_config_addresses_that_are_fine(address):
+    assert cluster.tf_config({"TF_CONFIG": tf_config_with(address)}).cluster["worker"][0] == address
+
+
+def test_config_file_reports_every_unknown_key_and_takes_flag_names(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("sync_mode: hybrid\nsync_backend: horovod\ntopk_ratio: 0.1\nbogus: 1\nalso_bogus: 2\n")
+    with pytest.raises(ConfigError) as raised:
+        config.resolve(environ={"TFSYNC_CONFIG": str(path)}, use_flags=False)
+    assert "bogus, also_bogus" in str(raised.value) and "unknown keys" in str(raised.value)
+    path.write_text("sync_mode: hybrid\nsync_backend: horovod\ntopk_ratio: 0.1\n")
+    resolved = config.resolve(environ={"TFSYNC_CONFIG": str(path)}, use_flags=False)
+    assert (resolved.mode, resolved.backend, resolved.topk_ratio) == ("hybrid", "horovod", 0.1)
+
+
+def one_clear_error(result):
+    assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    return errors[0]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("args, words", [
+    (["--epochs=0"], ["flag: --epochs: 0 is too small", ">= 1"]),
+    (["--epochs=abc"], ["--epochs=abc", "--helpfull"]),
+    (["--no_such_flag=1"], ["no_such_flag"]),
+    (["--batch_size=0"], ["--batch_size"]),
+    (["--learning_rate=-1"], ["--learning_rate", "positive"]),
+    (["--hidden_units=0"], ["--hidden_units"]),
+    (["--model_dir=README.md"], ["--model_dir", "README.md is a file"]),
+    (["--model_dir=README.md/run"], ["--model_dir", "which is a file"]),
+    (["--metrics_file=README.md/out.json"], ["--metrics_file", "README.md is a file"]),
+    (["--sync_backend=mirrored", "--compression=fp16"], ["compression", "mirrored backend"]),
+], ids=lambda value: value[0] if isinstance(value, list) else None)
+def test_bad_train_flags_are_one_line_with_status_2(args, words):
+    result = localrun.run([PYTHON, TRAIN, *args], timeout=120, env=clean_env(), cwd=REPO)
+    line = one_clear_error(result)
+    for word in words:
+        assert word in line
+
+
+@pytest.mark.timeout(200)
+def test_tf_config_port_that_is_not_a_number_stops_before_tensorflow():
+    env = clean_env(TF_CONFIG=tf_config_with("127.0.0.1:abc"))
+    result = localrun.run([PYTHON, TRAIN, "--epochs=1"], timeout=120, env=env, cwd=REPO)
+    assert "Could not parse port" not in result.stderr
+    assert "port 'abc'" in one_clear_error(result)
