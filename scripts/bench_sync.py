@@ -1,17 +1,21 @@
-"""Benchmark: the cost of ``wrap(opt, "sync")`` + ``model.fit`` against a hand-written loop.
+"""Benchmark: the cost of ``wrap(opt, "sync")`` + ``model.fit`` against a hand-written loop,
+and of sync mode's compressed allreduce.
 
-    python scripts/bench_sync.py [--np=2] [--steps=300] [--repeats=5]
+    python scripts/bench_sync.py [--np=2,4] [--steps=300] [--repeats=5]
 
-Starts one ``horovodrun -np N`` job in which every rank times, on the same model and data and
-interleaved to share the machine's noise:
+Starts one ``horovodrun -np N`` job per N in which every rank times, on the same model and data
+and interleaved to share the machine's noise:
 
   manual       tf.GradientTape + hvd.grouped_allreduce + optimizer.apply_gradients
   wrapped_loop the same loop, but applying through tfsyncmodes.wrap(opt, "sync")
   fit          model.compile(optimizer=tfsyncmodes.wrap(opt, "sync")) + model.fit
+  fit_spe      the same with compile(steps_per_execution=SPE): Keras runs SPE steps per call
+  fit_fp16     fit with --compression=fp16
+  fit_topk     fit with --compression=topk --topk_ratio=0.01 (error feedback on)
 
-and reports median step times and the ratio fit / manual (target <= 1.05). wrapped_loop
-separates the wrapper's own cost from Keras' fit machinery. Results go to
-docs/bench_sync.json and the table in docs/BENCHMARKS.md.
+and reports median step times, their spread, the ratios to manual (target fit / manual <=
+1.05) and the bytes each rank sends per step. wrapped_loop separates the wrapper's own cost
+from Keras' fit machinery. Results go to docs/bench_sync.json and docs/BENCHMARKS.md.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ from absl import app, flags  # noqa: E402
 
 from scripts.benchlib import replace_section, run_ranks  # noqa: E402
 
-flags.DEFINE_integer("np", 2, "Horovod ranks.")
+flags.DEFINE_list("np", ["2", "4"], "Horovod rank counts, one job each.")
+flags.DEFINE_integer("steps_per_execution", 10, "Keras steps_per_execution of the fit_spe variant.")
 flags.DEFINE_integer("steps", 300, "Steps per timed run.")
 flags.DEFINE_integer("repeats", 5, "Timed runs per variant (interleaved); the median counts.")
 flags.DEFINE_integer("batch_size", 128, "Per-rank batch size.")
@@ -88,20 +93,33 @@ def worker(out_path: str) -> None:
             return float(loss)
         return run
 
-    fit_model = new_model()
-    fit_model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.Adam(1e-3), "sync"), loss=loss_fn,
-                      jit_compile=False)
     fit_callbacks = strategy.required_callbacks()
+    sent = {}
 
-    def run_fit(steps):
-        history = fit_model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0,
-                                callbacks=fit_callbacks)
-        return history.history["loss"][-1]
+    def make_fit(name, steps_per_execution=1, **knobs):
+        model = new_model()
+        config = tfsyncmodes.resolve(dict(mode="sync", backend="horovod", **knobs), environ={}, use_flags=False)
+        model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.Adam(1e-3), config=config), loss=loss_fn,
+                      jit_compile=False, steps_per_execution=steps_per_execution)
+        callbacks = fit_callbacks
+        if knobs:
+            from tfsyncmodes.keras.hybrid_callbacks import WireTrafficLogger
+
+            callbacks = [WireTrafficLogger()] + fit_callbacks
+
+        def run(steps):
+            history = model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
+            sent[name] = history.history.get("bytes_sent", [None])[-1]
+            return history.history["loss"][-1]
+        return run
 
     variants = {
         "manual": make_loop(keras.optimizers.Adam(1e-3), exchange_in_loop=True),
         "wrapped_loop": make_loop(tfsyncmodes.wrap(keras.optimizers.Adam(1e-3), "sync"), exchange_in_loop=False),
-        "fit": run_fit,
+        "fit": make_fit("fit"),
+        "fit_spe": make_fit("fit_spe", FLAGS.steps_per_execution),
+        "fit_fp16": make_fit("fit_fp16", compression="fp16"),
+        "fit_topk": make_fit("fit_topk", compression="topk", topk_ratio=0.01),
     }
     for run in variants.values():  # trace and warm up
         run(20)
@@ -114,39 +132,52 @@ def worker(out_path: str) -> None:
             times[name].append((time.perf_counter() - started) / FLAGS.steps)
     if hvd.rank() == 0:
         with open(out_path, "w", encoding="utf-8") as handle:
-            json.dump(times, handle)
+            json.dump({"times": times, "bytes_sent": sent}, handle)
 
 
-def write_report(times, docs_dir):
-    median = {name: statistics.median(values) for name, values in times.items()}
-    result = {
-        "ranks": FLAGS.np, "steps_per_run": FLAGS.steps, "repeats": FLAGS.repeats,
-        "per_rank_batch": FLAGS.batch_size,
-        "parameters": FLAGS.features * FLAGS.hidden + FLAGS.hidden * FLAGS.hidden + FLAGS.hidden * 10
-        + 2 * FLAGS.hidden + 10,
-        "median_step_ms": {k: round(v * 1e3, 3) for k, v in median.items()},
-        "all_step_ms": {k: [round(t * 1e3, 3) for t in v] for k, v in times.items()},
-        "ratio_fit_over_manual": round(median["fit"] / median["manual"], 3),
-        "ratio_wrapped_loop_over_manual": round(median["wrapped_loop"] / median["manual"], 3),
-        "target_ratio": 1.05,
-    }
+def spread(values):
+    return [round(min(values) * 1e3, 3), round(max(values) * 1e3, 3)]
+
+
+def write_report(runs, docs_dir):
+    parameters = (FLAGS.features * FLAGS.hidden + FLAGS.hidden * FLAGS.hidden + FLAGS.hidden * 10
+                  + 2 * FLAGS.hidden + 10)
+    result = {"steps_per_run": FLAGS.steps, "repeats": FLAGS.repeats, "per_rank_batch": FLAGS.batch_size,
+              "parameters": parameters, "steps_per_execution": FLAGS.steps_per_execution,
+              "target_ratio": 1.05, "load_average_1min": round(os.getloadavg()[0], 2), "runs": {}}
+    table = [
+        "## Sync: `wrap(opt, \"sync\")` + `model.fit` vs a hand-written Horovod loop, and compression",
+        "",
+        f"`python scripts/bench_sync.py` — horovodrun on one 2-core host, MLP of {parameters:,} parameters, "
+        f"batch {FLAGS.batch_size} per rank, Adam, {FLAGS.repeats} interleaved runs of {FLAGS.steps} steps "
+        "per variant; median step time, [min, max] over the runs, ratio of medians to manual, and the "
+        "bytes each rank puts on the wire per step (dense: 4 bytes per parameter).",
+        "",
+        "| ranks | variant | median step (ms) | spread (ms) | ratio to manual | bytes/step | of dense |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for num_proc, run in runs.items():
+        times = run["times"]
+        median = {name: statistics.median(values) for name, values in times.items()}
+        dense = 4 * parameters
+        result["runs"][num_proc] = {
+            "median_step_ms": {k: round(v * 1e3, 3) for k, v in median.items()},
+            "spread_step_ms": {k: spread(v) for k, v in times.items()},
+            "all_step_ms": {k: [round(t * 1e3, 3) for t in v] for k, v in times.items()},
+            "ratio_to_manual": {k: round(v / median["manual"], 3) for k, v in median.items()},
+            "bytes_sent_per_step": {k: (run["bytes_sent"].get(k) or dense) for k in times if k != "manual"},
+        }
+        for name in times:
+            sent = result["runs"][num_proc]["bytes_sent_per_step"].get(name, dense)
+            table.append(f"| {num_proc} | {name} | {median[name] * 1e3:.3f} | {spread(times[name])} | "
+                         f"{median[name] / median['manual']:.3f} | {sent:,.0f} | {sent / dense:.3f} |")
+    table += ["", "Target: fit / manual <= 1.05. Measured: " + "; ".join(
+        f"-np {n}: fit {r['ratio_to_manual']['fit']:.3f}, fit_spe {r['ratio_to_manual']['fit_spe']:.3f}"
+        for n, r in result["runs"].items()) + f" (1-minute load average at the end: "
+        f"{result['load_average_1min']}).", ""]
     os.makedirs(docs_dir, exist_ok=True)
     with open(os.path.join(docs_dir, "bench_sync.json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)
-    table = [
-        "## Sync: `wrap(opt, \"sync\")` + `model.fit` vs a hand-written Horovod loop",
-        "",
-        f"`python scripts/bench_sync.py` — horovodrun -np {FLAGS.np} on one host, MLP of "
-        f"{result['parameters']:,} parameters, batch {FLAGS.batch_size} per rank, "
-        f"{FLAGS.repeats} interleaved runs of {FLAGS.steps} steps, medians.",
-        "",
-        "| variant | median step (ms) | ratio to manual |",
-        "|---|---:|---:|",
-    ]
-    for name in ("manual", "wrapped_loop", "fit"):
-        table.append(f"| {name} | {result['median_step_ms'][name]:.3f} | "
-                     f"{median[name] / median['manual']:.3f} |")
-    table += ["", f"Target: fit / manual <= 1.05; measured {result['ratio_fit_over_manual']:.3f}.", ""]
     replace_section(os.path.join(docs_dir, "BENCHMARKS.md"), "sync", "\n".join(table))
     return result
 
@@ -156,12 +187,15 @@ def main(argv):
     if FLAGS.worker_out:
         worker(FLAGS.worker_out)
         return
-    times = run_ranks("bench_sync", FLAGS.np, __file__, [
-        f"--steps={FLAGS.steps}", f"--repeats={FLAGS.repeats}", f"--batch_size={FLAGS.batch_size}",
-        f"--features={FLAGS.features}", f"--hidden={FLAGS.hidden}"], timeout=1800)
-    report = write_report(times, FLAGS.docs_dir)
-    print(json.dumps({k: report[k] for k in ("median_step_ms", "ratio_fit_over_manual",
-                                             "ratio_wrapped_loop_over_manual")}, indent=2))
+    runs = {}
+    for num_proc in FLAGS.np:
+        runs[num_proc] = run_ranks("bench_sync", int(num_proc), __file__, [
+            f"--steps={FLAGS.steps}", f"--repeats={FLAGS.repeats}", f"--batch_size={FLAGS.batch_size}",
+            f"--features={FLAGS.features}", f"--hidden={FLAGS.hidden}",
+            f"--steps_per_execution={FLAGS.steps_per_execution}"], timeout=3000)
+    report = write_report(runs, FLAGS.docs_dir)
+    print(json.dumps({n: {k: r[k] for k in ("median_step_ms", "ratio_to_manual", "bytes_sent_per_step")}
+                      for n, r in report["runs"].items()}, indent=2))
 
 
 if __name__ == "__main__":
