@@ -98,7 +98,8 @@ def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
 
 def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0.01,
                     error_feedback=True, staleness=0, cross_group="stale", warmup_steps=0, lr=LR,
-                    consensus=True, schedule=None, staleness_aware_lr=True):
+                    consensus=True, schedule=None, staleness_aware_lr=True, outer_optimizer="average",
+                    outer_lr=0.0, outer_momentum=0.9):
     """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias],
     with `consensus`, at the end every group holds the mean over all ranks (the final model average).
 
@@ -112,7 +113,9 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     the groups' model changes since the last average go through error feedback and the
     compressor, and every group moves to anchor + their mean.
     The first `warmup_steps` steps have staleness 0 (stale: round t applies at step t;
-    periodic: an average every step).
+    periodic: an average every step). periodic's `outer_optimizer`: average moves the anchor by
+    outer_lr (default 1) x the mean change; nesterov (outer_lr default 0.7) is PyTorch's SGD with
+    Nesterov momentum on the pseudo-gradient -(mean change).
     """
     start = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     size = _flat(start).size
@@ -120,6 +123,7 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     residuals = [np.zeros(size, np.float32) for _ in groups]
     rounds = []
     anchor = _flat(start)
+    velocity = np.zeros(size, np.float32)
     lr = np.float32(lr)
     for step in range(x.shape[0]):
         means = []
@@ -151,7 +155,13 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
         if cross_group == "periodic" and ((step + 1) % (staleness + 1) == 0 or step < warmup_steps):
             deltas = [_flat(p) - anchor for p in params]
             sent, others = _cross_group_send(deltas, residuals, compression, topk_ratio, error_feedback)
-            anchor = (anchor + (sent[0] + others[0]) / np.float32(len(groups))).astype(np.float32)
+            mean_change = ((sent[0] + others[0]) / np.float32(len(groups))).astype(np.float32)
+            if outer_optimizer == "nesterov":
+                lr_out, pseudo = np.float32(outer_lr or 0.7), -mean_change
+                velocity = (np.float32(outer_momentum) * velocity + pseudo).astype(np.float32)
+                anchor = (anchor - lr_out * (pseudo + np.float32(outer_momentum) * velocity)).astype(np.float32)
+            else:
+                anchor = (anchor + np.float32(outer_lr or 1.0) * mean_change).astype(np.float32)
             params = [_unflat(anchor, start) for _ in groups]
     if not consensus or len(groups) == 1:
         return params

@@ -202,6 +202,9 @@ SCENARIOS = {
                           "cross_group": "stale"},
     "warmup_periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 2, "warmup_steps": 1,
                              "cross_group": "periodic"},
+    # DiLoCo's outer step: Nesterov momentum on the pseudo-gradient (lr 0.7, momentum 0.9).
+    "periodic_nesterov_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
+                               "outer_optimizer": "nesterov"},
 }
 
 
@@ -293,12 +296,15 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_hybrid_tf_keras_explicit_groups_stale_topk_equal_numpy(tmp_path):
+def test_hybrid_tf_keras_explicit_groups_stale_topk_and_outer_nesterov_equal_numpy(tmp_path):
     knobs = {"compression": "topk", "topk_ratio": 0.2, "staleness": 1, "cross_group": "stale",
              "staleness_aware_lr": False}  # late rounds count in full (Keras 3 covers the discount)
-    results = run_scenarios(tmp_path, {"stale_topk": knobs}, steps=4, TFSYNC_GROUPS="0,2;1,3",
-                            TF_USE_LEGACY_KERAS=1)
-    workers = results["stale_topk"]
-    assert str(workers[0]["optimizer_class"]) == "SyncSGD"
-    assert [list(g) for g in workers[0]["groups"]] == [[0, 2], [1, 3]]
-    check_against_numpy(workers, knobs, steps=4, tolerance=1e-6)
+    nesterov = {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
+                "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8}
+    results = run_scenarios(tmp_path, {"stale_topk": knobs, "periodic_nesterov": nesterov}, steps=4,
+                            TFSYNC_GROUPS="0,2;1,3", TF_USE_LEGACY_KERAS=1)
+    for name, scenario in (("stale_topk", knobs), ("periodic_nesterov", nesterov)):
+        workers = results[name]
+        assert str(workers[0]["optimizer_class"]) == "SyncSGD"
+        assert [list(g) for g in workers[0]["groups"]] == [[0, 2], [1, 3]]
+        check_against_numpy(workers, scenario, steps=4, tolerance=1e-6)

@@ -182,6 +182,18 @@ KNOBS: Tuple[Knob, ...] = (
          "staleness+1 steps, and their models at the end) or stale (a background exchange "
          "every step, applied as soon as it is in and at most staleness steps late).",
          modes=("hybrid",)),
+    Knob("outer_optimizer", "outer_optimizer", "average", _registered(registry.OUTER_OPTIMIZERS),
+         "Hybrid, cross_group=periodic: how the groups' mean change is applied at each average: "
+         "average (anchor + outer_lr * mean change) or nesterov (SGD with Nesterov momentum on the "
+         "pseudo-gradient, as DiLoCo).",
+         modes=("hybrid",)),
+    Knob("outer_lr", "outer_lr", 0.0, _number(float, 0.0, 10.0),
+         "Hybrid: the outer optimizer's learning rate (0: its default, 1.0 for average, 0.7 for "
+         "nesterov).",
+         modes=("hybrid",)),
+    Knob("outer_momentum", "outer_momentum", 0.9, _number(float, 0.0, 0.999),
+         "Hybrid: the nesterov outer optimizer's momentum.",
+         modes=("hybrid",)),
     Knob("warmup_steps", "warmup_steps", 0, _number(int, 0, 1 << 30),
          "Hybrid: the first this many steps run in lockstep (staleness 0) before the "
          "staleness bound applies.",

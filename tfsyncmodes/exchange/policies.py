@@ -19,7 +19,7 @@ import tensorflow as tf
 from tfsyncmodes.exchange.base import Part
 from tfsyncmodes.exchange.flat import TensorContext, assign_flat, flatten, flatten_variables, unflatten
 from tfsyncmodes.exchange.link import CrossGroupLink
-from tfsyncmodes.registry import CROSS_GROUP
+from tfsyncmodes.registry import CROSS_GROUP, OUTER_OPTIMIZERS
 
 
 class CrossGroupPolicy(Part):
@@ -83,18 +83,21 @@ class PeriodicAverage(CrossGroupPolicy):
     update (period = staleness + 1; every update during the first `warmup_steps`) the groups
     average how far their models moved since the last average (the *pseudo-gradient*), sent
     through the compressor with error feedback, and :meth:`outer_update` applies that mean
-    change to the anchor. Groups are at most period - 1 updates apart between averages."""
+    change to the anchor with the ``--outer_optimizer``. Groups are at most period - 1 updates
+    apart between averages."""
 
     def __init__(self, config, link):
         super().__init__(config, link)
         self.period = config.staleness + 1
         self.warmup_steps = config.warmup_steps
+        self.outer = OUTER_OPTIMIZERS.get(config.outer_optimizer)(config)
         self.anchor = self.step = None
 
     def build(self, variables, state):
         super().build(variables, state)
         self.anchor = state("local_sgd_anchor", [self.ctx.size], tf.float32)
         self.step = state("local_sgd_step", [], tf.int64)
+        self.outer.build(self.ctx, state)
 
     def before_update(self, variables):
         if not self.link.active:
@@ -127,9 +130,10 @@ class PeriodicAverage(CrossGroupPolicy):
         tf.cond(due, average, skip)
 
     def outer_update(self, variables, mean_change: tf.Tensor) -> None:
-        """Applies the groups' mean change since the last average: plain averaging moves every
-        rank to ``anchor + mean_change``, which becomes the next anchor."""
-        averaged = tf.convert_to_tensor(self.anchor) + mean_change
+        """Applies the groups' mean change since the last average with the outer optimizer
+        (plain averaging: every rank moves to ``anchor + mean_change``); the result is the
+        next anchor."""
+        averaged = self.outer.step(tf.convert_to_tensor(self.anchor), mean_change)
         assign_flat(variables, averaged)
         self.anchor.assign(averaged)
 

@@ -74,6 +74,37 @@ class SyncCore:
         return config_lib.knob_values(self.config)
 
 
+class SyncCoreAccess:
+    """What both wrappers show of their core (``self._sync_core``)."""
+
+    _sync_core: SyncCore = None
+
+    @property
+    def mode(self) -> str:
+        return self._sync_core.mode
+
+    @property
+    def sync_config(self):
+        """The knobs this optimizer's exchange was built with."""
+        return self._sync_core.config
+
+    @property
+    def exchange(self) -> Chain:
+        return self._sync_core.exchange
+
+    def begin_step(self):
+        """Marks the step's read of the variables; the step's forward pass must depend on the
+        returned tensor (async staleness)."""
+        return self._sync_core.begin_step()
+
+    @property
+    def step_staleness(self):
+        return self._sync_core.step_logs().get("staleness")
+
+    def finish_exchange(self) -> None:
+        self._sync_core.finish()
+
+
 def state_factory(add_variable: Callable[..., Any]) -> StateFactory:
     """A StateFactory over an optimizer's ``add_variable(shape, dtype, initializer, name)``."""
     def state(name: str, shape, dtype: tf.DType):

@@ -12,60 +12,39 @@ from __future__ import annotations
 import tensorflow as tf
 import tf_keras
 
-from tfsyncmodes.keras.core import SyncCore, saved_core, state_factory
+from tfsyncmodes.keras.core import SyncCore, SyncCoreAccess, saved_core, state_factory
 
 _CLASSES = {}
 
 
-class _SyncMixin:
+class _SyncMixin(SyncCoreAccess):
     """What every legacy Sync<Optimizer> adds to its base."""
 
-    _tfsync: SyncCore = None
-
     def _tfsync_attach(self, core: SyncCore) -> None:
-        self._tfsync = core
+        self._sync_core = core
         core.attach(self)
 
     @property
     def sync_mode(self) -> str:
-        return self._tfsync.mode
-
-    @property
-    def sync_config(self):
-        return self._tfsync.config
-
-    @property
-    def exchange(self):
-        return self._tfsync.exchange
+        return self.mode
 
     def build(self, var_list):
         if getattr(self, "_built", False):
             return
         super().build(var_list)
-        self._tfsync.build(var_list, state_factory(self.add_variable))
+        self._sync_core.build(var_list, state_factory(self.add_variable))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         variables = [v for _, v in grads_and_vars]
         with tf.init_scope():
             self.build(variables)
-        return self._tfsync.apply([g for g, _ in grads_and_vars], variables, lambda grads: super(
+        return self._sync_core.apply([g for g, _ in grads_and_vars], variables, lambda grads: super(
             _SyncMixin, self).apply_gradients(zip(grads, variables), *args, **kwargs))
-
-    def begin_step(self):
-        """Marks the step's read of the variables (async staleness)."""
-        return self._tfsync.begin_step()
-
-    @property
-    def step_staleness(self):
-        return self._tfsync.step_logs().get("staleness")
-
-    def finish_exchange(self) -> None:
-        self._tfsync.finish()
 
     def get_config(self):
         config = super().get_config()
-        config["tfsync_knobs"] = self._tfsync.get_config()
+        config["tfsync_knobs"] = self._sync_core.get_config()
         return config
 
     @classmethod

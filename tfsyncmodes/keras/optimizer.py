@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import keras
 
-from tfsyncmodes.keras.core import SyncCore, saved_core, state_factory
+from tfsyncmodes.keras.core import SyncCore, SyncCoreAccess, saved_core, state_factory
 
 
 @keras.saving.register_keras_serializable(package="tfsyncmodes")
-class SyncOptimizer(keras.optimizers.Optimizer):
+class SyncOptimizer(SyncCoreAccess, keras.optimizers.Optimizer):
     """Wraps `inner_optimizer` so that its update goes through `core`'s exchange."""
 
     def __init__(self, inner_optimizer, core: SyncCore = None, name=None, **kwargs):
@@ -35,38 +35,13 @@ class SyncOptimizer(keras.optimizers.Optimizer):
             core = default_core()
         super().__init__(learning_rate=0.0, name=name or f"{core.mode}_{inner_optimizer.name}")
         self.inner_optimizer = inner_optimizer
-        self._core = core
+        self._sync_core = core
         core.attach(inner_optimizer)
-
-    @property
-    def mode(self) -> str:
-        return self._core.mode
-
-    @property
-    def sync_config(self):
-        """The knobs this optimizer's exchange was built with."""
-        return self._core.config
-
-    @property
-    def exchange(self):
-        return self._core.exchange
 
     def build(self, var_list):
         self.inner_optimizer.build(var_list)
-        self._core.build(var_list, state_factory(self.add_variable))
+        self._sync_core.build(var_list, state_factory(self.add_variable))
         super().build(var_list)
-
-    def begin_step(self):
-        """Marks the step's read of the variables; the step's forward pass must depend on the
-        returned tensor (async staleness)."""
-        return self._core.begin_step()
-
-    @property
-    def step_staleness(self):
-        return self._core.step_logs().get("staleness")
-
-    def finish_exchange(self) -> None:
-        self._core.finish()
 
     @property
     def variables(self):
@@ -78,7 +53,7 @@ class SyncOptimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables)
             self.built = True
         variables = trainable_variables or self._trainable_variables
-        self._core.apply(grads, variables, lambda g: self.inner_optimizer.apply(
+        self._sync_core.apply(grads, variables, lambda g: self.inner_optimizer.apply(
             g, trainable_variables=trainable_variables))
 
     @property
@@ -102,7 +77,7 @@ class SyncOptimizer(keras.optimizers.Optimizer):
     def get_config(self):
         return {
             "name": self.name,
-            "tfsync_knobs": self._core.get_config(),
+            "tfsync_knobs": self._sync_core.get_config(),
             "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
         }
 

@@ -1,0 +1,52 @@
+"""Outer optimizers: how a model-averaging policy applies the groups' mean change since the last
+round (``--outer_optimizer``), as in DiLoCo (Douillard et al., 2023): the *pseudo-gradient*
+``anchor - averaged model`` goes to an ordinary optimizer step on the anchor.
+
+Contract: ``build(ctx, state)`` creates the optimizer's state (optimizer variables, so
+checkpoints carry the momentum); ``step(anchor, mean_change) -> new anchor``. A new one is a
+class here with ``@OUTER_OPTIMIZERS.register("name")``.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfsyncmodes.registry import OUTER_OPTIMIZERS
+
+
+@OUTER_OPTIMIZERS.register("average")
+class AverageOuter:
+    """``anchor + outer_lr * mean_change``; with outer_lr 1 (its default) plain averaging."""
+
+    default_lr = 1.0
+
+    def __init__(self, config):
+        self.lr = config.outer_lr or self.default_lr
+
+    def build(self, ctx, state) -> None:
+        del ctx, state
+
+    def step(self, anchor: tf.Tensor, mean_change: tf.Tensor) -> tf.Tensor:
+        return anchor + self.lr * mean_change
+
+
+@OUTER_OPTIMIZERS.register("nesterov")
+class NesterovOuter(AverageOuter):
+    """SGD with Nesterov momentum on the pseudo-gradient g = -mean_change, as PyTorch's SGD
+    computes it: ``v = momentum * v + g``, ``anchor - outer_lr * (g + momentum * v)``. DiLoCo's
+    settings are the defaults: outer_lr 0.7, momentum 0.9."""
+
+    default_lr = 0.7
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.momentum = config.outer_momentum
+        self.velocity = None
+
+    def build(self, ctx, state):
+        self.velocity = state("outer_nesterov_velocity", list(ctx.shape), tf.float32)
+
+    def step(self, anchor, mean_change):
+        pseudo_gradient = -mean_change
+        velocity = self.momentum * tf.convert_to_tensor(self.velocity) + pseudo_gradient
+        self.velocity.assign(velocity)
+        return anchor - self.lr * (pseudo_gradient + self.momentum * velocity)
