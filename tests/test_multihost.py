@@ -244,8 +244,18 @@ def horovodrun_over_ssh(bed, mesh, command, timeout, **env):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_horovod_sync_over_ssh_two_hosts_equals_numpy(bed, mesh, tmp_path):
-    horovodrun_over_ssh(bed, mesh, [PYTHON, os.path.join(WORKERS, "sync_steps.py"), str(tmp_path),
+    # Each rank first records what listens on its host (horovodrun's rendezvous is up by then).
+    listening = ["sh", "-c", 'ss -Hltn > "$0.$HOROVOD_RANK"; exec "$@"', str(tmp_path / "listening")]
+    horovodrun_over_ssh(bed, mesh, [*listening, PYTHON, os.path.join(WORKERS, "sync_steps.py"), str(tmp_path),
                                     "--optimizer=adam"], timeout=240)
+    a, b = bed.hosts
+    on_a, on_b = ({line.split()[3] for line in (tmp_path / f"listening.{rank}").read_text().splitlines()}
+                  for rank in (0, 2))
+    # sshd (and Gloo, if a rank got there first) listen on each host's own address only;
+    # horovodrun's rendezvous server on every interface of the host it runs on (Horovod has no
+    # option to narrow it).
+    assert f"{b.address}:22" in on_b and all(l.startswith(f"{b.address}:") for l in on_b), on_b
+    assert f"{a.address}:22" in on_a and any(l.startswith(("0.0.0.0:", "*:")) for l in on_a), on_a
     workers = load_workers(tmp_path, 4)
     assert all(str(w["backend"]) == "horovod" and int(w["replicas"]) == 4 for w in workers)
     assert np.abs(workers[0]["kernel0"] - workers[2]["kernel0"]).max() > 1e-3  # the broadcast crossed hosts
