@@ -220,9 +220,14 @@ class HostBed:
                     raise HostBedUnavailable(f"bridge port {outer} of {host.name} does not forward")
                 time.sleep(0.1)
 
-    def shape(self, rate: str, burst: str = "256kb", latency: str = "50ms") -> None:
-        """Rate-limits every host's outgoing traffic on the bridge to `rate` (``tc`` tbf)."""
+    def shape(self, rate: Optional[str], burst: str = "256kb", latency: str = "50ms") -> None:
+        """Rate-limits every host's outgoing traffic on the bridge to `rate` (``tc`` tbf, e.g.
+        "100mbit"); None removes the limit."""
         for host in self.hosts:
+            if rate is None:
+                subprocess.run(host.wrap(["tc", "qdisc", "del", "dev", IFACE, "root"]), timeout=30,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                continue
             subprocess.run(host.wrap(["tc", "qdisc", "replace", "dev", IFACE, "root", "tbf", "rate", rate,
                                       "burst", burst, "latency", latency]), check=True, timeout=30)
 
