@@ -221,8 +221,9 @@ def write(results):
             hybrid_text = f"hybrid {hybrid_gap:+.1f} ms ({1 - hybrid_gap / sync_gap:.0%} of sync's gap closed)"
         gaps.append(f"{rate}: sync {sync_gap:+.1f} ms, {hybrid_text}; hybrid's step is "
                     f"{rows['sync'] / rows['hybrid']:.1f}x shorter than sync's on this link")
-    lines += ["", "Cross-host cost per step (median, the same mode on one host subtracted): " + "; ".join(gaps) + ".",
-              "",
+    if gaps:
+        lines += ["", "Cross-host cost per step (median, the same mode on one host subtracted): " + "; ".join(gaps) + "."]
+    lines += ["",
               "Read with care: both hosts share the same 2 cores, so the one-host and two-host jobs do the same "
               "compute on the same cores and differ in the network path only (loopback against a veth pair and "
               "a bridge, and the tbf limit); ranks on one host talk over loopback in either case. Sync mode "
