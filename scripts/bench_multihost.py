@@ -219,8 +219,8 @@ def write(results):
             hybrid_text = f"hybrid {hybrid_gap:+.1f} ms, inside its one-host range (no measurable gap)"
         else:
             hybrid_text = f"hybrid {hybrid_gap:+.1f} ms ({1 - hybrid_gap / sync_gap:.0%} of sync's gap closed)"
-        gaps.append(f"{rate}: sync {sync_gap:+.1f} ms, {hybrid_text}; hybrid's step is "
-                    f"{rows['sync'] / rows['hybrid']:.1f}x shorter than sync's on this link")
+        gaps.append(f"{rate}: sync {sync_gap:+.1f} ms, {hybrid_text}; sync's step over hybrid's on this "
+                    f"link {rows['sync'] / rows['hybrid']:.2f}")
     if gaps:
         lines += ["", "Cross-host cost per step (median, the same mode on one host subtracted): " + "; ".join(gaps) + "."]
     lines += ["",
