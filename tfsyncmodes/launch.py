@@ -8,6 +8,15 @@ line prefixed by its task. The cluster is torn down (SIGTERM, then SIGKILL) when
 ends, when any other task dies (unless ``--tolerate_worker_loss`` and it was a worker), on
 Ctrl-C or SIGTERM, and on ``--timeout``. The exit status is the chief's (124 on timeout, 130
 when interrupted, 1 when another task's death ended the run).
+
+TensorFlow's gRPC servers listen on every interface whatever address TF_CONFIG gives them, so
+where the machine allows it (root, or unprivileged user namespaces) the launcher re-executes
+itself in a network namespace of its own with only a loopback interface: the cluster is
+private to this machine. ``--share_network`` keeps the machine's network (for tasks that must
+reach other hosts, e.g. to download data; the ports are then open to the network).
+
+``--print-tf-config --hosts a,b --workers 2 --ps 1`` starts nothing: it prints each task's
+TF_CONFIG for a cluster over those hosts (see :mod:`tfsyncmodes.tf_configs`).
 """
 from __future__ import annotations
 
@@ -23,6 +32,34 @@ import time
 from typing import Dict, List, Optional
 
 GRACE_SECONDS = 5.0
+PRIVATE_MARK = "TFSYNCMODES_LAUNCH_PRIVATE"  # set inside the loopback-only namespace
+_PRIVATE_PREFIXES = (("unshare", "--net"), ("unshare", "--user", "--map-root-user", "--net"))
+_LO_UP = ("sh", "-c", 'ip link set lo up 2>/dev/null || ifconfig lo up 2>/dev/null; exec "$@"', "sh")
+
+
+def private_network_prefix() -> List[str]:
+    """A command prefix that runs its command in a new network namespace that has only a
+    loopback interface, or [] where this machine allows none."""
+    for prefix in _PRIVATE_PREFIXES:
+        command = list(prefix + _LO_UP)
+        try:
+            probe = subprocess.run(command + [sys.executable, "-c", _LO_PROBE], timeout=20,
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if probe.returncode == 0 and probe.stdout.strip() == "ok":
+            return command
+    return []
+
+
+# This file alone (it imports nothing from the package, so not TensorFlow), as __main__.
+_RUN_THIS_FILE = "import runpy, sys; path = sys.argv.pop(1); sys.argv[0] = path; runpy.run_path(path, run_name='__main__')"
+
+# Inside the namespace: loopback works and it is the only interface.
+_LO_PROBE = ("import socket\n"
+             "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+             "socket.create_connection(s.getsockname(), timeout=5).close()\n"
+             "print('ok' if [n for _, n in socket.if_nameindex()] == ['lo'] else 'not private')")
 
 
 def free_ports(count: int) -> List[int]:
@@ -107,6 +144,10 @@ class Launcher:
     def run(self) -> int:
         cluster = local_cluster(self.args.workers, self.args.ps)
         self.say("cluster " + json.dumps(cluster))
+        if os.environ.get(PRIVATE_MARK) == "1":
+            self.say("network: a namespace of its own with loopback only; nothing listens beyond it")
+        else:
+            self.say("network: shared with this machine; the tasks' ports are open on every interface")
         for role in ("ps", "worker", "chief"):
             for index in range(len(cluster.get(role, ()))):
                 task = Task(role, index, self.args.command, cluster, self.lock)
@@ -186,11 +227,33 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                         help="stop the whole cluster after this many seconds (default: no limit)")
     parser.add_argument("--tolerate_worker_loss", action="store_true",
                         help="keep going when a worker dies (async mode reschedules its steps)")
+    parser.add_argument("--share_network", action="store_true",
+                        help="run the tasks in this machine's network instead of a private loopback-only "
+                             "one (their ports are then reachable from the network)")
+    parser.add_argument("--print-tf-config", dest="print_tf_config", action="store_true",
+                        help="start nothing; print each task's TF_CONFIG for a cluster over --hosts")
+    parser.add_argument("--hosts", default="", help="with --print-tf-config: comma-separated host names "
+                                                    "or addresses (the chief goes on the first)")
+    parser.add_argument("--port", type=int, default=2222,
+                        help="with --print-tf-config: first port on each host (default 2222)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run in every task")
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
-    if not args.command:
+    if args.print_tf_config:
+        hosts = [h.strip() for h in args.hosts.split(",")]
+        if not args.hosts.strip() or not all(hosts):
+            parser.error(f"--hosts: {args.hosts!r} names no host or an empty one; give e.g. --hosts 10.0.0.1,10.0.0.2")
+        bad = [h for h in hosts if ":" in h or " " in h or "'" in h]
+        if bad:
+            parser.error(f"--hosts: {bad[0]!r} is not a host name or IPv4 address; give names without ports "
+                         "(--port sets the first port)")
+        if len(set(hosts)) != len(hosts):
+            parser.error(f"--hosts: {args.hosts!r} names a host twice; name each host once")
+        if not 1 <= args.port <= 65535 - (args.workers + args.ps + 1):
+            parser.error(f"--port: {args.port} is out of range; use 1024..60000")
+        args.hosts = hosts
+    elif not args.command:
         parser.error("command: missing; give it after --, e.g. -- python scripts/train.py --sync_mode=async")
     if args.workers < 1:
         parser.error(f"--workers: {args.workers} is too few; use 1 or more")
@@ -200,7 +263,20 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return Launcher(parse_args(sys.argv[1:] if argv is None else argv)).run()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.print_tf_config:
+        from tfsyncmodes.tf_configs import render
+
+        sys.stdout.write(render(args.hosts, args.workers, args.ps, args.port))
+        return 0
+    if not args.share_network and os.environ.get(PRIVATE_MARK) != "1":
+        prefix = private_network_prefix()
+        if prefix:  # the same process (exec), so signals sent to it still reach the launcher
+            sys.stdout.flush()
+            os.execvpe(prefix[0], prefix + [sys.executable, "-c", _RUN_THIS_FILE, os.path.abspath(__file__), *argv],
+                       dict(os.environ, **{PRIVATE_MARK: "1"}))
+    return Launcher(args).run()
 
 
 if __name__ == "__main__":

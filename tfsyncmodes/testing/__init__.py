@@ -6,5 +6,8 @@ Not needed to train. What is here:
   rehearse with (a Keras callback for Horovod ranks, a throttled process for async workers);
 - :mod:`~tfsyncmodes.testing.throttle`: slows a whole process down (SIGSTOP/SIGCONT);
 - :mod:`~tfsyncmodes.testing.localrun`: local ``horovodrun`` jobs on loopback only, bounded in
-  time, nothing left behind.
+  time, nothing left behind;
+- :mod:`~tfsyncmodes.testing.netns`: several "hosts" on one machine (network namespaces on a
+  private bridge), and :mod:`~tfsyncmodes.testing.ssh`: an ``sshd`` per host for
+  ``horovodrun -H``.
 """
