@@ -55,11 +55,12 @@ def main(argv):
         inner = (keras.optimizers.SGD(reference.LR) if args.optimizer == "sgd"
                  else keras.optimizers.Adam(reference.LR))
         model.compile(optimizer=tfsyncmodes.wrap(inner, "sync"), loss="mse", jit_compile=False)
-    strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
+    history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
     final = model.get_weights()
     np.savez(os.path.join(args.outdir, f"worker{strategy.worker_index}.npz"),
              kernel0=initial[0], bias0=initial[1], kernel=final[0], bias=final[1],
              iterations=int(np.asarray(model.optimizer.iterations)), replicas=replicas,
+             epoch_loss=history.history["loss"][-1],
              backend=strategy.backend, optimizer_class=type(model.optimizer).__name__)
 
 
