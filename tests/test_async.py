@@ -15,6 +15,8 @@ from tests.conftest import PYTHON, REPO, WORKERS, clean_env
 from tfsyncmodes.testing import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
+# Real clusters of 4 processes on 2 cores: about 40-120 s each.
+pytestmark = pytest.mark.slow
 STEPS_PER_EPOCH = 1437 // 64
 # A killed ps stops the chief within this many seconds.
 STOP_SECONDS = 10
@@ -109,6 +111,9 @@ def test_async_training_counts_every_step_and_measures_staleness(tmp_path, legac
     assert cluster.finish(220) == 0, cluster.output[-6000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["backend"] == "parameter_server"
+    # The chief logs the resolved configuration with the source of every value.
+    assert re.search(r"\[chief:0\] .*\bmode\s+= 'async'\s+\(flag\)", cluster.output), cluster.output[:4000]
+    assert re.search(r"\[chief:0\] .*\bstaleness_aware_lr\s+= True\s+\(default\)", cluster.output)
     # Keras 3 alone loses concurrent increments of optimizer.iterations; here none may be lost.
     assert metrics["steps"] == epochs * STEPS_PER_EPOCH
     assert metrics["test_accuracy"] >= 0.8, metrics

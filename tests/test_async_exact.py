@@ -10,6 +10,7 @@ from tests.conftest import PYTHON, WORKERS
 from tests.test_async import Cluster
 
 CHECKS = os.path.join(WORKERS, "async_checks.py")
+pytestmark = pytest.mark.slow  # a real 4-process cluster each
 
 
 def run_checks(tmp_path, scenarios, workers=2, **env):
@@ -43,7 +44,6 @@ def check_exact_metrics(saved):
     assert int(saved["iterations"]) == int(saved["steps"])
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(260)
 def test_keras3_counter_metrics_and_early_stopping_are_exact(tmp_path):
     cluster = run_checks(tmp_path, ["counter", "metrics", "early_stopping"])
@@ -61,7 +61,6 @@ def test_keras3_counter_metrics_and_early_stopping_are_exact(tmp_path):
     assert "optimizer.iterations counted" not in cluster.output
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(260)
 def test_tf_keras_epoch_metrics_are_exact(tmp_path):
     cluster = run_checks(tmp_path, ["metrics"], TF_USE_LEGACY_KERAS="1")
@@ -70,7 +69,6 @@ def test_tf_keras_epoch_metrics_are_exact(tmp_path):
     assert "Could not get Model metric results" not in cluster.output
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(260)
 def test_slow_worker_runs_a_smaller_share_of_the_steps(tmp_path):
     run_checks(tmp_path, ["counter"], TFSYNC_SLOW_WORKER="1:8")

@@ -1,6 +1,7 @@
 """README: "Arguments in code (`make_strategy("sync", backend="mirrored")`) rank with the
 flags": above config files and the environment, and a code argument beats a flag given for the
-same knob (it is the more specific request), while flags still set every other knob."""
+same knob (it is the more specific request), while flags still set every other knob; and
+``--helpfull`` lists a flag per knob."""
 import json
 
 import pytest
@@ -48,3 +49,12 @@ def test_resolve_arguments_over_environment_and_file(tmp_path):
     assert resolved.mode == "async" and resolved.sources["mode"] == "argument"
     assert resolved.collective_timeout == 60.0 and resolved.sources["collective_timeout"] == f"config file {path}"
     assert resolved.backend == "auto" and resolved.sources["backend"] == "default"  # None: not given
+
+
+@pytest.mark.timeout(120)
+def test_helpfull_lists_a_flag_for_every_knob():
+    result = localrun.run([PYTHON, "scripts/train.py", "--helpfull"], timeout=100, cwd=REPO, env=clean_env())
+    listed = result.stdout + result.stderr
+    for flag in ("--sync_mode", "--sync_backend", "--sync_collective_timeout", "--slow_worker", "--clip_norm",
+                 "--group_size", "--topk_ratio", "--staleness", "--ps_shards", "--cross_group", "--config"):
+        assert flag in listed, flag

@@ -11,6 +11,8 @@ from tests import reference
 from tests.conftest import PYTHON, WORKERS, run_checked
 from tfsyncmodes.testing import localrun
 
+pytestmark = pytest.mark.slow  # horovodrun jobs of 2 and 4 ranks
+
 
 def load_workers(outdir, count):
     return [np.load(os.path.join(outdir, f"worker{i}.npz")) for i in range(count)]
