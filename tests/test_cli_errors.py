@@ -8,8 +8,8 @@ from tests.conftest import PYTHON, REPO, clean_env, free_ports, tf_config
 from tfsyncmodes.testing import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
-# Starting Python, TensorFlow and the script, on a loaded 2-core machine, is well within this.
-STARTUP_SECONDS = 25
+# Creating the strategy and the watchdog, and start-up time varying between two runs.
+SLACK_SECONDS = 15
 
 
 def run_train(args, timeout=90, **env):
@@ -71,9 +71,14 @@ def test_ps_role_is_refused_in_sync_mode():
     assert_one_clear_error(result, "cluster.ps", "not used by --sync_mode=sync")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_missing_worker_fails_within_the_collective_timeout():
     cluster = worker_tf_config()
+    # Starting Python, TensorFlow and the script, as long as it takes on this machine now:
+    # a run that stops at the configuration, before any waiting.
+    started = time.monotonic()
+    assert_one_clear_error(run_train(["--sync_mode=bogus"]), "--sync_mode")
+    startup = time.monotonic() - started
     started = time.monotonic()
     result = run_train([], timeout=100, TF_CONFIG=tf_config(cluster, "worker", 0),
                        TFSYNC_COLLECTIVE_TIMEOUT="8")
@@ -81,8 +86,8 @@ def test_missing_worker_fails_within_the_collective_timeout():
     # Not bad input: the watchdog kills the process stuck inside TensorFlow (SIGKILL).
     assert_one_clear_error(result, "connecting to the TF_CONFIG workers", "within 8s", cluster["worker"][1],
                            status=None)
-    # The 8 s are waited, and not much more: the rest is starting Python and TensorFlow.
-    assert 8 <= elapsed < 8 + STARTUP_SECONDS, elapsed
+    # The 8 s are waited, and not much more than that beyond the start-up.
+    assert elapsed >= 8 and elapsed - startup < 8 + SLACK_SECONDS, (elapsed, startup)
 
 
 def async_cluster(*roles):
