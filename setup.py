@@ -1,8 +1,17 @@
 """Packaging for tfsyncmodes.
 
+TensorFlow is a requirement that one of two extras satisfies, so that a CPU machine gets the
+small ``tensorflow-cpu`` build and a GPU machine keeps its ``tensorflow`` (both provide the
+same ``tensorflow`` module; installing both puts two builds in one place):
+
+    pip install '.[cpu]'     # tensorflow-cpu
+    pip install '.[gpu]'     # tensorflow (GPU support on Linux)
+
+Without either, ``import tfsyncmodes`` says which to install (tfsyncmodes/_requirements.py).
 Horovod is an extra because PyPI has only its sdist and it must be built against the
 installed TensorFlow; ``scripts/install.sh`` does that build (with the one patch TF 2.21
-needs) before it installs this package with the ``horovod`` extra.
+needs) before it installs this package with the ``horovod`` extra. ``examples`` has what
+``scripts/train.py`` needs beyond the package (scikit-learn's bundled digits).
 """
 from setuptools import find_packages, setup
 
@@ -19,17 +28,19 @@ setup(
     package_data={"tfsyncmodes": ["py.typed"]},
     python_requires=">=3.10",
     install_requires=[
-        # GPU users: install `tensorflow==2.21.*` instead (see README).
-        "tensorflow-cpu==2.21.*",
         "numpy",
         "absl-py",
         "PyYAML",
         "tensorboard",
-        "scikit-learn",
     ],
     extras_require={
+        "cpu": ["tensorflow-cpu==2.21.*"],
+        "gpu": ["tensorflow==2.21.*"],
         "horovod": ["horovod==0.28.1"],
+        # tf-keras requires the `tensorflow` distribution; with [cpu], install it with --no-deps
+        # (scripts/install.sh does): tensorflow-cpu provides the same module.
         "tfkeras": ["tf-keras==2.21.*"],
-        "test": ["pytest", "pytest-timeout", "psutil"],
+        "examples": ["scikit-learn"],
+        "test": ["pytest", "pytest-timeout", "psutil", "scikit-learn"],
     },
 )

@@ -3,6 +3,11 @@
 # TensorFlow. Idempotent: a second run finds everything in place and takes seconds.
 #
 #   scripts/install.sh            # venv at ./.venv (override with TFSYNC_VENV=DIR)
+#   TFSYNC_TENSORFLOW=gpu scripts/install.sh   # the `tensorflow` build instead of `tensorflow-cpu`
+#
+# TensorFlow comes from the package's `cpu` extra (tensorflow-cpu, the default here) or its
+# `gpu` extra (tensorflow; Horovod is then built with NCCL, untested here: no GPU in CI).
+# The `examples` extra adds scikit-learn for scripts/train.py's digits.
 #
 # Horovod 0.28.1 ships only as an sdist. Against TF 2.21 its XLA op file does not compile,
 # so the build drops horovod/tensorflow/xla_mpi_ops.cc from TF_SOURCES (XLA is off on the
@@ -15,9 +20,16 @@ venv=${TFSYNC_VENV:-$repo/.venv}
 cache=${TFSYNC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfsyncmodes}
 horovod_version=0.28.1
 python=${PYTHON:-python3}
+flavour=${TFSYNC_TENSORFLOW:-cpu}
 
 say() { printf '[install] %s\n' "$*" >&2; }
 die() { printf '[install] ERROR: %s\n' "$*" >&2; exit 1; }
+
+case "$flavour" in
+  cpu) tf_distribution=tensorflow-cpu ;;
+  gpu) tf_distribution=tensorflow ;;
+  *) die "TFSYNC_TENSORFLOW=$flavour: use cpu (tensorflow-cpu) or gpu (tensorflow)" ;;
+esac
 
 if [ ! -x "$venv/bin/python" ]; then
   say "creating virtual environment $venv"
@@ -27,15 +39,15 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 # A run that completed records what it installed; the same inputs again need no pip at all.
 stamp="$venv/.tfsyncmodes-install"
-inputs=$(cat "$repo/setup.py" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)
+inputs=$( (cat "$repo/setup.py" "$repo/pyproject.toml" "${BASH_SOURCE[0]}"; echo "$flavour") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && "$venv/bin/python" -c 'import horovod.tensorflow, tfsyncmodes' >/dev/null 2>&1; then
   say "already installed in ${venv#$repo/} (delete $stamp to force a reinstall)"
   exit 0
 fi
 rm -f "$stamp"
 
-say "installing tfsyncmodes with its test dependencies, and tf-keras"
-"${pip[@]}" install -e "$repo[test]" || die "pip could not install tfsyncmodes' dependencies"
+say "installing tfsyncmodes with $tf_distribution, the examples' and the tests' dependencies, and tf-keras"
+"${pip[@]}" install -e "$repo[$flavour,examples,test]" || die "pip could not install tfsyncmodes' dependencies"
 # tf-keras requires the full 'tensorflow' distribution; tensorflow-cpu provides the same module.
 "${pip[@]}" install --no-deps "tf-keras==2.21.*" || die "pip could not install tf-keras"
 
@@ -59,12 +71,14 @@ build_horovod_wheel() {
     || die "could not download the Horovod $horovod_version sdist"
   tar -xzf "$work/horovod-$horovod_version.tar.gz" -C "$work"
   local src="$work/horovod-$horovod_version"
+  local gpu_env=()
+  if [ "$flavour" = gpu ]; then gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL); fi
   local cmakelists="$src/horovod/tensorflow/CMakeLists.txt"
   grep -q 'xla_mpi_ops.cc' "$cmakelists" || die "unexpected Horovod sdist: no xla_mpi_ops.cc in $cmakelists"
   sed -i '/TF_SOURCES.*xla_mpi_ops\.cc/d' "$cmakelists"
   mkdir -p "$cache"
-  if ! HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
+  if ! env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo "${gpu_env[@]}" \
       MAKEFLAGS="-j$(nproc)" \
       "$venv/bin/python" -m pip --disable-pip-version-check wheel --no-build-isolation --no-deps \
         -w "$work/dist" "$src" >"$work/build.log" 2>&1; then
@@ -78,9 +92,11 @@ if horovod_ok; then
   say "Horovod $horovod_version with TensorFlow and Gloo is already installed"
 else
   tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")')
-  tf_version=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))' 2>/dev/null || echo unknown)
-  # The wheel is only valid for the TensorFlow it was compiled against.
+  tf_version=$("$venv/bin/python" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' \
+    "$tf_distribution" 2>/dev/null || echo unknown)
+  # The wheel is only valid for the TensorFlow build it was compiled against.
   cache="$cache/tf-$tf_version"
+  if [ "$flavour" = gpu ]; then cache="$cache-gpu"; fi
   wheel=$(ls "$cache"/horovod-"$horovod_version"-"$tag"-*.whl 2>/dev/null | head -n 1 || true)
   if [ -z "$wheel" ]; then
     build_horovod_wheel
@@ -94,7 +110,7 @@ else
 fi
 
 # Satisfied by the wheel above; keeps the declared extra honest.
-"${pip[@]}" install -e "$repo[horovod,test]" || die "pip could not resolve the horovod extra"
+"${pip[@]}" install -e "$repo[$flavour,horovod,examples,test]" || die "pip could not resolve the horovod extra"
 # check-build probes each framework in a subprocess and can time out while TF imports under
 # load; the import check above is authoritative, this shows the build to the user.
 for attempt in 1 2 3; do

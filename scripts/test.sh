@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the tests need (scripts/install.sh) and runs the whole test suite.
 #   bash scripts/test.sh [pytest args]
+#   bash scripts/test.sh -m "not slow"     # the fast subset, without multi-process training runs
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TFSYNC_VENV:-$repo/.venv}

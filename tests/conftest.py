@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -45,26 +46,41 @@ def run_checked(command, timeout, **env):
 
 def run_cluster(commands, timeout, env_per_task):
     """Starts one process per command (each in its own group), waits for all, kills all on
-    timeout or when one fails. Returns the CompletedProcess list."""
-    processes = [subprocess.Popen(cmd, env=clean_env(**env), cwd=REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
-                 for cmd, env in zip(commands, env_per_task)]
-    deadline = time.monotonic() + timeout
-    outputs = [None] * len(processes)
+    timeout or when one fails. Returns the CompletedProcess list.
+
+    Each process writes to a file of its own, not a pipe: a rank that prints more than a pipe
+    buffer while another waits for it in a collective must not block on its output.
+    """
+    files = [tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") for _ in commands]
+    processes = []
     try:
-        for i, process in enumerate(processes):
-            remaining = max(1.0, deadline - time.monotonic())
-            outputs[i], _ = process.communicate(timeout=remaining)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"cluster did not finish within {timeout}s")
+        for cmd, env, out in zip(commands, env_per_task, files):
+            processes.append(subprocess.Popen(cmd, env=clean_env(**env), cwd=REPO, stdout=out,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in processes):
+            if any(p.poll() not in (None, 0) for p in processes) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        # The first to fail is the one to show; the others are then killed by us.
+        failed = [i for i, p in enumerate(processes) if p.poll() not in (None, 0)]
+        timed_out = any(p.poll() is None for p in processes) and not failed
     finally:
         for process in processes:
             localrun.kill_group(process)
-    results = [subprocess.CompletedProcess(p.args, p.returncode, out, "")
-               for p, out in zip(processes, outputs)]
-    for result in results:
-        if result.returncode != 0:
-            pytest.fail(f"task exited {result.returncode}:\n{(result.stdout or '')[-6000:]}")
+            process.wait()
+    outputs = []
+    for out in files:
+        out.seek(0)
+        outputs.append(out.read())
+        out.close()
+    results = [subprocess.CompletedProcess(p.args, p.returncode, text, "")
+               for p, text in zip(processes, outputs)]
+    if timed_out:
+        pytest.fail(f"cluster did not finish within {timeout}s:\n"
+                    + "\n".join(f"--- task {i} ---\n{r.stdout[-3000:]}" for i, r in enumerate(results)))
+    for index in failed:
+        pytest.fail(f"task {index} exited {results[index].returncode}:\n{results[index].stdout[-6000:]}")
     return results
 
 

@@ -39,6 +39,19 @@ def mean_gradient_training(kernel, bias, x, y, optimizer="sgd", lr=LR,
     return params
 
 
+def mean_gradient_training_losses(kernel, bias, x, y, optimizer="sgd"):
+    """losses[step, replica]: Keras' mean squared error of each replica's batch at the weights
+    the step starts from (what each rank's ``loss`` metric accumulates), under the training of
+    :func:`mean_gradient_training`."""
+    losses = np.zeros(x.shape[:2])
+    for step in range(x.shape[0]):
+        params = mean_gradient_training(kernel, bias, x[:step], y[:step], optimizer)
+        for replica in range(x.shape[1]):
+            pred = x[step, replica].astype(np.float64) @ params[0] + params[1]
+            losses[step, replica] = np.mean((pred - y[step, replica]) ** 2)
+    return losses
+
+
 # --- hybrid mode ---------------------------------------------------------------------------
 
 def topk_compress(flat, ratio):

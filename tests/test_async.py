@@ -10,12 +10,16 @@ import time
 import numpy as np
 import pytest
 
-from tests import reference
+from tests import events, reference
 from tests.conftest import PYTHON, REPO, WORKERS, clean_env
 from tfsyncmodes.testing import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
+# Real clusters of 4 processes on 2 cores: about 40-120 s each.
+pytestmark = pytest.mark.slow
 STEPS_PER_EPOCH = 1437 // 64
+# A killed ps stops the chief within this many seconds.
+STOP_SECONDS = 10
 
 
 class Cluster:
@@ -23,6 +27,7 @@ class Cluster:
 
     def __init__(self, launch_args, command, **env):
         self.lines = []
+        self.times = []  # when each line arrived (time.monotonic)
         self.process = subprocess.Popen(
             [PYTHON, "-m", "tfsyncmodes.launch", *launch_args, "--", *command], cwd=REPO,
             env=clean_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -32,6 +37,7 @@ class Cluster:
 
     def _read(self):
         for line in self.process.stdout:
+            self.times.append(time.monotonic())
             self.lines.append(line.rstrip("\n"))
 
     @property
@@ -45,9 +51,16 @@ class Cluster:
                 return
             if self.process.poll() is not None:
                 break
-            time.sleep(0.1)
+            time.sleep(0.02)
         self.stop()
         pytest.fail(f"no line matching {pattern!r} within {timeout}s:\n{self.output[-6000:]}")
+
+    def first_time(self, pattern):
+        """When the first line matching `pattern` arrived, or None."""
+        for when, line in zip(list(self.times), list(self.lines)):
+            if re.search(pattern, line):
+                return when
+        return None
 
     def pid(self, task):
         for line in self.lines:
@@ -74,9 +87,14 @@ class Cluster:
             self.process.wait()
 
 
-def train_command(tmp_path, epochs, model_dir=None):
-    return [PYTHON, TRAIN, "--sync_mode=async", f"--epochs={epochs}",
+def train_command(tmp_path, epochs, model_dir=None, batch_size=64):
+    return [PYTHON, TRAIN, "--sync_mode=async", f"--epochs={epochs}", f"--batch_size={batch_size}",
             f"--model_dir={model_dir or tmp_path / 'run'}", f"--metrics_file={tmp_path / 'metrics.json'}"]
+
+
+def epochs_started(lines):
+    """The epoch numbers the chief's progress bar announced, in order."""
+    return [int(m.group(1)) for m in (re.match(r"\[chief:0\] Epoch (\d+)/", l) for l in lines) if m]
 
 
 def exit_statuses(output):
@@ -93,6 +111,9 @@ def test_async_training_counts_every_step_and_measures_staleness(tmp_path, legac
     assert cluster.finish(220) == 0, cluster.output[-6000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["backend"] == "parameter_server"
+    # The chief logs the resolved configuration with the source of every value.
+    assert re.search(r"\[chief:0\] .*\bmode\s+= 'async'\s+\(flag\)", cluster.output), cluster.output[:4000]
+    assert re.search(r"\[chief:0\] .*\bstaleness_aware_lr\s+= True\s+\(default\)", cluster.output)
     # Keras 3 alone loses concurrent increments of optimizer.iterations; here none may be lost.
     assert metrics["steps"] == epochs * STEPS_PER_EPOCH
     assert metrics["test_accuracy"] >= 0.8, metrics
@@ -106,12 +127,21 @@ def test_async_training_counts_every_step_and_measures_staleness(tmp_path, legac
     # Workers and ps leave by themselves, with status 0, once the chief is done.
     assert set(exit_statuses(cluster.output).values()) == {"0"}, cluster.output[-3000:]
     assert (tmp_path / "run" / "async" / "model.keras").is_file()
+    # TensorBoard has each epoch's loss and staleness, as the History has them.
+    written = events.scalars(tmp_path / "run" / "async" / "logs" / "train")
+    assert len(written["epoch_loss"]) == epochs
+    assert written["epoch_loss"][-1] == pytest.approx(metrics["final_loss"], rel=1e-6)
+    key = "staleness" if legacy else "staleness_mean"
+    assert written[f"epoch_{key}"] == pytest.approx(metrics[key], rel=1e-6)
+    assert 0 <= written["epoch_accuracy"][-1] <= 1
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
 @pytest.mark.timeout(180)
-def test_forced_stale_update_gets_the_scaled_learning_rate(tmp_path):
+def test_forced_stale_update_gets_the_scaled_learning_rate(tmp_path, legacy):
     cluster = Cluster(["--workers", "1", "--ps", "1", "--timeout", "150"],
-                      [PYTHON, os.path.join(WORKERS, "async_stale.py"), str(tmp_path)])
+                      [PYTHON, os.path.join(WORKERS, "async_stale.py"), str(tmp_path)],
+                      TF_USE_LEGACY_KERAS="1" if legacy else "0")
     assert cluster.finish(170) == 0, cluster.output[-6000:]
     saved = np.load(tmp_path / "stale.npz")
     assert list(saved["staleness"]) == [0, 3]
@@ -144,36 +174,67 @@ def test_losing_a_worker_keeps_the_run_going_with_an_exact_step_count(tmp_path):
     assert exit_statuses(cluster.output)["worker:1"] == "-9"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_losing_a_ps_stops_with_a_clear_error_and_a_rerun_resumes(tmp_path):
-    epochs = 40
+    epochs = 10
     model_dir = tmp_path / "run"
-    cluster = Cluster(["--workers", "2", "--ps", "1", "--timeout", "200"], train_command(tmp_path, epochs, model_dir))
+    # Batches of 16: 89 steps an epoch, so the kill lands well inside an epoch.
+    command = train_command(tmp_path, epochs, model_dir, batch_size=16)
+    cluster = Cluster(["--workers", "2", "--ps", "1", "--timeout", "200"], command)
     cluster.wait_for(r"\[chief:0\] Epoch 4/", timeout=150)
     killed = time.monotonic()
     os.kill(cluster.pid("ps:0"), signal.SIGKILL)
     status = cluster.finish(120)
-    assert time.monotonic() - killed < 60
     assert status != 0
     assert "[launch] ps:0 exited with status -9; stopping the cluster" in cluster.output
     chief_errors = [l for l in cluster.lines if l.startswith("[chief:0] tfsyncmodes: error:")]
     assert len(chief_errors) == 1 and "ps:0 at 127.0.0.1:" in chief_errors[0], cluster.output[-5000:]
+    # The chief stops by itself within seconds (the launcher would SIGTERM it after 5 s).
+    stopped = cluster.first_time(r"^\[chief:0\] tfsyncmodes: error:") - killed
+    assert stopped < STOP_SECONDS, stopped
     assert not any("Traceback" in l for l in cluster.lines if l.startswith("[chief:0]"))
     assert (model_dir / "async" / "backup").is_dir()
+    # The epoch the kill interrupted; every earlier one finished (and was backed up).
+    interrupted = epochs_started(cluster.lines)[-1]
+    assert interrupted >= 4
 
-    rerun = Cluster(["--workers", "2", "--ps", "1", "--timeout", "250"], train_command(tmp_path, epochs, model_dir))
+    rerun = Cluster(["--workers", "2", "--ps", "1", "--timeout", "250"], command)
     assert rerun.finish(280) == 0, rerun.output[-6000:]
-    first_epoch = int(re.search(r"\[chief:0\] Epoch (\d+)/", rerun.output).group(1))
-    assert first_epoch >= 3, "the rerun did not resume from the backup"
+    # It resumes right after the last finished epoch: neither earlier nor later.
+    assert epochs_started(rerun.lines)[0] == interrupted, (interrupted, rerun.output[:3000])
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["steps"] == epochs * STEPS_PER_EPOCH
+    assert metrics["steps"] == epochs * (1437 // 16)
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
 @pytest.mark.timeout(240)
-def test_tf_keras_shards_variables_over_two_ps(tmp_path):
-    command = train_command(tmp_path, 2) + ["--ps_shards=2", "--min_shard_bytes=4096"]
-    cluster = Cluster(["--workers", "1", "--ps", "2", "--timeout", "200"], command, TF_USE_LEGACY_KERAS="1")
+def test_variables_are_placed_on_both_ps(tmp_path, legacy):
+    env = {"TF_USE_LEGACY_KERAS": "1", "TFSYNC_PS_SHARDS": "2", "TFSYNC_MIN_SHARD_BYTES": "4096"} if legacy else {}
+    cluster = Cluster(["--workers", "1", "--ps", "2", "--timeout", "200"],
+                      [PYTHON, os.path.join(WORKERS, "async_placement.py"), str(tmp_path)], **env)
     assert cluster.finish(220) == 0, cluster.output[-6000:]
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["steps"] == 2 * STEPS_PER_EPOCH
-    assert "ps_shards          = 2            (flag)" in cluster.output
+    placement = json.loads((tmp_path / "placement.json").read_text())
+    assert placement["iterations"] == placement["expected_steps"] and all(placement["changed"])
+    variables = {}  # name -> [(shape, ps task)] of its parts; tf_keras lists shards as part_<i>
+    for variable in placement["variables"]:
+        name = re.sub(r"(/part_\d+)?(:\d+)?$", "", variable["name"])
+        for part in variable["parts"]:
+            task = re.match(r"/job:ps/replica:0/task:(\d+)/", part["device"])
+            assert task, part  # every variable lives on a parameter server
+            variables.setdefault(name, []).append((part["shape"], int(task.group(1))))
+    kernels = {n: p for n, p in variables.items() if n.endswith("kernel")}
+    biases = {n: p for n, p in variables.items() if n.endswith("bias")}
+    assert len(kernels) == len(biases) == 2, variables
+    if legacy:
+        # --ps_shards=2: each kernel (> 2 x 4096 bytes) is split along its first axis, one
+        # shard on each ps; the biases are below the minimum shard size and stay whole.
+        for name, parts in kernels.items():
+            assert sorted(task for _, task in parts) == [0, 1], (name, parts)
+            assert len({tuple(shape[1:]) for shape, _ in parts}) == 1
+        assert sum(shape[0] for shape, _ in kernels["dense/kernel"]) == 64
+        assert all(len(parts) == 1 for parts in biases.values())
+    else:
+        # Keras 3: whole variables, spread over the ps tasks round-robin.
+        assert all(len(parts) == 1 for parts in variables.values())
+        assert {parts[0][1] for parts in variables.values()} == {0, 1}

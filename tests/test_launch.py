@@ -77,8 +77,14 @@ def test_ctrl_c_tears_everything_down():
                                start_new_session=True)
     try:
         seen = []
-        while len(task_lines("\n".join(seen))) < 3:
-            seen.append(process.stdout.readline())
+        deadline = time.monotonic() + 45
+        while len(task_lines("".join(seen))) < 3:
+            line = process.stdout.readline()
+            if not line or time.monotonic() > deadline:  # EOF: the launcher ended early
+                localrun.kill_group(process)
+                pytest.fail(f"the tasks did not all start (exit status {process.wait()}):\n"
+                            + "".join(seen) + process.stdout.read())
+            seen.append(line)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=40) == 130
     finally:

@@ -20,6 +20,7 @@ def test_mirrored_two_logical_cpus_equals_numpy(tmp_path, legacy):
     check_mean_gradient_training([worker], steps=3, optimizer="sgd", tolerance=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
 @pytest.mark.timeout(240)
 def test_multi_worker_two_processes_equals_numpy(tmp_path, legacy):

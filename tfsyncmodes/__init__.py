@@ -7,6 +7,7 @@ replica synchronisation with one flag.
         model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.Adam(1e-3)), ...)
     strategy.fit(model, dataset_fn, epochs=5, steps_per_epoch=100)
 """
+from tfsyncmodes import _requirements  # noqa: F401  (a clear error when TensorFlow is missing)
 from tfsyncmodes import flags as _flags  # noqa: F401  (defines --sync_mode and the other knobs)
 from tfsyncmodes.config import SyncConfig, resolve
 from tfsyncmodes.errors import ConfigError, run

@@ -1,5 +1,5 @@
 """Chief of a real PS cluster: applies one fresh and one forced-stale update and saves what
-the test compares with NumPy.
+the test compares with NumPy. Runs under Keras 3 and under tf_keras (TF_USE_LEGACY_KERAS=1).
 
 The forced-stale step reads the variables' version, then lets `bump` other updates land on
 the parameter server (real increments of the applied-update counter) before it computes and
@@ -19,6 +19,7 @@ def main(outdir):
     import tensorflow as tf
 
     import tfsyncmodes
+    from tfsyncmodes.keras import compat
     from tfsyncmodes.keras.compat import keras
 
     strategy = tfsyncmodes.make_strategy("async")
@@ -28,17 +29,24 @@ def main(outdir):
         model = keras.Sequential([keras.Input((reference.FEATURES,)), keras.layers.Dense(reference.OUTPUTS)])
         optimizer = tfsyncmodes.wrap(keras.optimizers.SGD(reference.LR), "async")
         optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.MeanSquaredError()
+    # Per example, then the batch mean by hand: tf_keras refuses a reducing loss inside strategy.run.
+    per_example = keras.losses.MeanSquaredError(reduction="none")
+
+    # Keras 3's counter is a Keras variable around a tf.Variable; tf_keras' is the tf.Variable.
+    counter = optimizer.iterations if compat.LEGACY else optimizer.iterations.value
 
     def replica_step(bump):
         read = optimizer.begin_step()
         with tf.control_dependencies([read]):
-            landed = optimizer.iterations.value.assign_add(bump)
+            landed = counter.assign_add(bump)
         with tf.control_dependencies([landed]):
             with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x))
+                loss = tf.reduce_mean(per_example(y, model(x)))
             grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
+        if compat.LEGACY:
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        else:
+            optimizer.apply(grads, model.trainable_variables)
         return optimizer.step_staleness
 
     @tf.function

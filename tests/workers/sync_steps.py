@@ -60,6 +60,7 @@ def main(argv):
     np.savez(os.path.join(args.outdir, f"worker{strategy.worker_index}.npz"),
              kernel0=initial[0], bias0=initial[1], kernel=final[0], bias=final[1],
              iterations=int(np.asarray(model.optimizer.iterations)), replicas=replicas,
+             epoch_loss=history.history["loss"][-1],
              backend=strategy.backend, optimizer_class=type(model.optimizer).__name__,
              bytes_sent=history.history.get("bytes_sent", [-1.0])[-1],
              compression_ratio=history.history.get("compression_ratio", [-1.0])[-1])

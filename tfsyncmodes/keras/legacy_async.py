@@ -1,6 +1,13 @@
 """Async training under tf_keras (``TF_USE_LEGACY_KERAS=1``), whose ``model.fit`` supports
 ParameterServerStrategy itself: tfsyncmodes only makes each step record the version of the
-variables it reads, so the wrapped optimizer can measure and temper staleness."""
+variables it reads, so the wrapped optimizer can measure and temper staleness.
+
+tf_keras reads each epoch's logs from the model's metrics (updated by every worker with
+atomic ``assign_add`` on the parameter servers) only when the step's logs have the same keys
+as ``model.get_metrics_result()``; otherwise it falls back to whichever step it fetched last,
+which under concurrent workers misses the updates that landed after it. The step's
+``staleness`` is therefore kept in a variable too and reported by ``get_metrics_result``.
+"""
 from __future__ import annotations
 
 import tensorflow as tf
@@ -12,18 +19,30 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
     if not hasattr(optimizer, "begin_step"):
         raise TypeError("async training needs the optimizer from tfsyncmodes.wrap(optimizer, 'async')")
     original_train_step = model.train_step
+    original_metrics_result = model.get_metrics_result
+    with strategy.scope():
+        last_staleness = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfsync_last_staleness")
 
     def train_step(data):
         read = optimizer.begin_step()
         with tf.control_dependencies([read]):
             logs = original_train_step(data)
-        logs["staleness"] = optimizer.step_staleness
+        staleness = tf.cast(optimizer.step_staleness, tf.int64)
+        with tf.control_dependencies([last_staleness.assign(staleness)]):
+            logs["staleness"] = tf.identity(staleness)
         return logs
 
+    def get_metrics_result():
+        results = original_metrics_result()
+        results["staleness"] = last_staleness.read_value()
+        return results
+
     model.train_step = train_step
+    model.get_metrics_result = get_metrics_result
     try:
         return model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=epochs,
                          steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
                          verbose=2 if verbose else 0)  # tf_keras refuses a per-step bar here
     finally:
         del model.train_step
+        del model.get_metrics_result

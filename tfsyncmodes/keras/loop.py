@@ -13,6 +13,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tfsyncmodes.errors import ConfigError
 
@@ -82,16 +83,31 @@ def async_train_step(model, data):
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
         grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply(grads, model.trainable_variables)
-    logs = {k: v for k, v in model.compute_metrics(x, y, y_pred, sample_weight).items() if k != "loss"}
-    logs.update(loss=loss, staleness=optimizer.step_staleness)
-    return logs
+    # The metric state (made atomic by make_metrics_atomic) is read when the epoch ends.
+    for metric in model.metrics:
+        if metric.name == "loss":  # Keras' loss tracker, weighted by the batch size as in fit
+            metric.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
+    model.compute_metrics(x, y, y_pred, sample_weight)
+    return {"staleness": optimizer.step_staleness}
+
+
+def make_metrics_atomic(model) -> None:
+    """Keras 3 metric variables (``total``, ``count``) are updated with a read-add-write
+    ``assign_add``; on a parameter server, workers updating them at once lose increments (an
+    accuracy above 1 was seen). Each becomes the variable's own atomic ``assign_add``, as the
+    wrapped optimizer does with ``iterations``."""
+    from tfsyncmodes.exchange.staleness import make_counter_atomic
+
+    for variable in model.metrics_variables:
+        make_counter_atomic(variable)
 
 
 class CoordinatorRunner(StepRunner):
     """Schedules each step on whichever worker is free (``ClusterCoordinator.schedule``).
 
     Steps run asynchronously; the epoch's results are fetched when it ends, so the loss is the
-    exact mean over the epoch's steps, the staleness statistics cover every applied update,
+    exact mean over the epoch's examples (like every compiled metric, read from its atomically
+    updated state once every step is done), the staleness statistics cover every applied update,
     and ``steps`` counts the updates that really ran (a step lost with a worker is run again
     elsewhere by the coordinator and counted once).
     """
@@ -106,6 +122,8 @@ class CoordinatorRunner(StepRunner):
             model._symbolic_build(data_batch=sample_batch(self.dataset_fn, 1))
             if not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
+        make_metrics_atomic(model)
+        self._model = model
         self._iterator = iter(self.strategy.distribute_datasets_from_function(self.dataset_fn))
 
         @tf.function
@@ -131,13 +149,18 @@ class CoordinatorRunner(StepRunner):
         # again elsewhere: the counter then holds one increment too many. The steps the epoch
         # executed are what the run reports, what schedules continue from and what checkpoints
         # hold.
-        self._optimizer.iterations.assign(self._count_at_epoch_start + len(results))
+        executed = self._count_at_epoch_start + len(results)
+        counted = int(np.asarray(self._optimizer.iterations))
+        if counted != executed:
+            logging.warning("optimizer.iterations counted %d updates for the %d steps executed "
+                            "(a step re-run after a lost worker); the count is set to the steps",
+                            counted - self._count_at_epoch_start, len(results))
+            self._optimizer.iterations.assign(executed)
         self._count_at_epoch_start = None
         staleness = np.array([int(np.asarray(r["staleness"])) for r in results])
-        logs = {key: _to_float(value) for key, value in results[-1].items() if key not in ("loss", "staleness")}
-        logs.update(loss=float(np.mean([_to_float(r["loss"]) for r in results])),
-                     staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
-                     steps=float(len(results)))
+        logs = {key: _to_float(value) for key, value in self._model.get_metrics_result().items()}
+        logs.update(staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
+                    steps=float(len(results)))
         return logs
 
 

@@ -1,0 +1,79 @@
+"""Async mode counts exactly under concurrent workers: the parameter-server copy of
+``optimizer.iterations``, every compiled metric's state and the epoch logs read from it;
+``EarlyStopping`` through the fit-like loop; ``--slow_worker`` slows its worker."""
+import os
+
+import numpy as np
+import pytest
+
+from tests.conftest import PYTHON, WORKERS
+from tests.test_async import Cluster
+
+CHECKS = os.path.join(WORKERS, "async_checks.py")
+pytestmark = pytest.mark.slow  # a real 4-process cluster each
+
+
+def run_checks(tmp_path, scenarios, workers=2, **env):
+    cluster = Cluster(["--workers", str(workers), "--ps", "1", "--timeout", "200"],
+                      [PYTHON, CHECKS, str(tmp_path), *scenarios], **env)
+    assert cluster.finish(220) == 0, cluster.output[-6000:]
+    return cluster
+
+
+def numpy_classifier(saved):
+    """Accuracy and mean cross-entropy of the saved linear classifier on the saved examples."""
+    logits = saved["x"].astype(np.float64) @ saved["kernel"] + saved["bias"]
+    accuracy = np.mean(np.argmax(logits, axis=1) == saved["y"])
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return accuracy, -np.mean(log_probs[np.arange(len(saved["y"])), saved["y"]])
+
+
+def check_exact_metrics(saved):
+    state = dict(zip(saved["variable_paths"], saved["variable_values"]))
+    examples = int(saved["steps"]) * int(saved["batch"])
+    # Every example of every step is counted once: no increment lost to a concurrent worker.
+    assert state["accuracy/count"] == examples, state
+    assert state["loss/count"] == examples, state
+    accuracy, loss = numpy_classifier(saved)
+    assert 0.1 < accuracy < 0.9  # neither trivially 0 nor 1
+    # The learning rate is 0, so every step saw the saved weights' predictions.
+    assert state["accuracy/total"] == accuracy * examples
+    assert float(saved["accuracy"]) == pytest.approx(accuracy, abs=1e-7)
+    assert float(saved["loss"]) == pytest.approx(loss, rel=1e-5)
+    assert int(saved["iterations"]) == int(saved["steps"])
+
+
+@pytest.mark.timeout(260)
+def test_keras3_counter_metrics_and_early_stopping_are_exact(tmp_path):
+    cluster = run_checks(tmp_path, ["counter", "metrics", "early_stopping"])
+    counter = np.load(tmp_path / "counter.npz")
+    runs = np.bincount(counter["workers"], minlength=2)
+    assert runs.min() > 0, runs  # both workers updated the counter, concurrently
+    # The parameter-server copy of optimizer.iterations, with no loop to correct it afterwards.
+    assert int(counter["iterations"]) == int(counter["scheduled"]) == runs.sum()
+    check_exact_metrics(np.load(tmp_path / "metrics.npz"))
+    stopped = np.load(tmp_path / "early_stopping.npz")
+    # min_delta is never reached: epoch 1 sets the best loss, epoch 2 exhausts patience 1.
+    assert int(stopped["epochs"]) == 2
+    assert int(stopped["iterations"]) == 2 * int(stopped["steps_per_epoch"])
+    # The loop never had to correct the optimizer's count.
+    assert "optimizer.iterations counted" not in cluster.output
+
+
+@pytest.mark.timeout(260)
+def test_tf_keras_epoch_metrics_are_exact(tmp_path):
+    cluster = run_checks(tmp_path, ["metrics"], TF_USE_LEGACY_KERAS="1")
+    check_exact_metrics(np.load(tmp_path / "metrics.npz"))
+    # tf_keras read the epoch's logs from the metric state, not from the last step fetched.
+    assert "Could not get Model metric results" not in cluster.output
+
+
+@pytest.mark.timeout(260)
+def test_slow_worker_runs_a_smaller_share_of_the_steps(tmp_path):
+    run_checks(tmp_path, ["counter"], TFSYNC_SLOW_WORKER="1:8")
+    counter = np.load(tmp_path / "counter.npz")
+    runs = np.bincount(counter["workers"], minlength=2)
+    # Worker 1 runs 1/8 of the time; the coordinator gives the free worker the next step.
+    assert 0 < runs[1] < runs[0] / 2, runs
+    assert int(counter["iterations"]) == int(counter["scheduled"])

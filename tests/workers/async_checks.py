@@ -1,0 +1,103 @@
+"""Chief of a real PS cluster (2 workers): what the async tests check, saved as NumPy files.
+
+    python -m tfsyncmodes.launch --workers 2 --ps 1 -- python async_checks.py OUTDIR SCENARIO...
+
+Scenarios (each with a model of its own, in the same cluster):
+
+* ``counter``: schedules STEPS updates of the wrapped optimizer straight on the coordinator
+  (no training loop to correct the count afterwards) and saves the parameter-server copy of
+  ``optimizer.iterations``, and which worker ran each step (with ``--slow_worker``, one of
+  them runs slowed down).
+* ``metrics``: one epoch of ``strategy.fit`` with the learning rate 0, every batch the same
+  BATCH examples, so every step's predictions are those of the saved weights: the test
+  recomputes accuracy and loss in NumPy and knows how many examples were counted.
+* ``early_stopping``: ``strategy.fit`` for 10 epochs with an ``EarlyStopping`` that can never
+  see an improvement (patience 1): the History must end after 2 epochs.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+
+FEATURES, CLASSES, BATCH, STEPS = 8, 4, 32, 200
+
+
+def data(seed=3):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((BATCH, FEATURES)).astype("float32"),
+            rng.integers(0, CLASSES, BATCH).astype("int32"))
+
+
+def main(outdir, scenarios):
+    import tensorflow as tf
+
+    import tfsyncmodes
+    from tfsyncmodes.keras.compat import keras
+
+    strategy = tfsyncmodes.make_strategy("async")
+    x, y = data()
+
+    def dataset_fn(context):
+        del context  # every batch is the whole set
+        return tf.data.Dataset.from_tensors((x, y)).repeat()
+
+    def model_and_optimizer(learning_rate, seed):
+        with strategy.scope():
+            keras.utils.set_random_seed(seed)
+            model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)])
+            optimizer = tfsyncmodes.wrap(keras.optimizers.SGD(learning_rate), "async")
+            model.compile(optimizer=optimizer, jit_compile=False, metrics=["accuracy"],
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model, model.optimizer
+
+    if "counter" in scenarios:
+        model, optimizer = model_and_optimizer(0.01, 1)
+        optimizer.build(model.trainable_variables)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def replica_step(features, labels):
+            read = optimizer.begin_step()
+            with tf.control_dependencies([read]):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(labels, model(features, training=True))
+                grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply(grads, model.trainable_variables)
+            return tf.distribute.coordinator.experimental_get_current_worker_index()
+
+        @tf.function
+        def step(iterator):
+            return strategy.run(replica_step, args=next(iterator))
+
+        iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+        remotes = [strategy.coordinator.schedule(step, args=(iterator,)) for _ in range(STEPS)]
+        strategy.coordinator.join()
+        workers = np.array([int(np.asarray(r.fetch())) for r in remotes])
+        np.savez(os.path.join(outdir, "counter.npz"), iterations=int(np.asarray(optimizer.iterations)),
+                 scheduled=STEPS, workers=workers)
+
+    if "metrics" in scenarios:
+        model, optimizer = model_and_optimizer(0.0, 2)
+        history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=STEPS, verbose=0)
+        # Keras 3 flattens compiled metrics into the model's; tf_keras lists them per metric.
+        metrics = [leaf for m in model.metrics for leaf in (getattr(m, "metrics", None) or [m])]
+        variables = {f"{m.name}/{v.name.split('/')[-1].split(':')[0]}": float(np.asarray(v))
+                     for m in metrics for v in m.variables}
+        kernel, bias = (np.asarray(w) for w in model.get_weights())
+        np.savez(os.path.join(outdir, "metrics.npz"), x=x, y=y, kernel=kernel, bias=bias,
+                 accuracy=history.history["accuracy"][-1], loss=history.history["loss"][-1],
+                 steps=STEPS, batch=BATCH, variable_paths=np.array(list(variables)),
+                 variable_values=np.array(list(variables.values())),
+                 iterations=int(np.asarray(optimizer.iterations)))
+
+    if "early_stopping" in scenarios:
+        model, optimizer = model_and_optimizer(0.01, 3)
+        stop = keras.callbacks.EarlyStopping(monitor="loss", patience=1, min_delta=1e9)
+        history = strategy.fit(model, dataset_fn, epochs=10, steps_per_epoch=5, callbacks=[stop], verbose=0)
+        np.savez(os.path.join(outdir, "early_stopping.npz"), epochs=len(history.history["loss"]),
+                 iterations=int(np.asarray(optimizer.iterations)), steps_per_epoch=5)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
