@@ -256,6 +256,7 @@ def check_against_numpy(workers, knobs, steps, tolerance):
     return want
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
     steps = 4
@@ -295,6 +296,7 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
         assert float(w["compression_ratio"]) == pytest.approx(ratio or sent / (4 * size))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_hybrid_tf_keras_explicit_groups_stale_topk_and_outer_nesterov_equal_numpy(tmp_path):
     knobs = {"compression": "topk", "topk_ratio": 0.2, "staleness": 1, "cross_group": "stale",
