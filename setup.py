@@ -31,5 +31,6 @@ setup(
         "horovod": ["horovod==0.28.1"],
         "tfkeras": ["tf-keras==2.21.*"],
         "test": ["pytest", "pytest-timeout", "psutil"],
+        "bench": ["matplotlib", "psutil"],
     },
 )

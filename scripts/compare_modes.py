@@ -51,7 +51,8 @@ flags.DEFINE_list("train_flags", [], "More scripts/train.py flags for every run,
 flags.DEFINE_list("modes", [], "Modes to compare (default: every mode the package accepts).")
 flags.DEFINE_list("conditions", ["equal", "slow", "kill"], "Conditions for the modes: equal, slow, kill.")
 flags.DEFINE_float("slow_factor", 4.0, "How many times slower the slow worker runs.")
-flags.DEFINE_float("compute_ms", 20.0, "Emulated compute per step for the emulated runs (0: none).")
+flags.DEFINE_float("compute_ms", 50.0, "Emulated compute per step for the emulated runs (0: none).")
+flags.DEFINE_integer("emulated_epochs", 4, "Epochs of the emulated runs (they measure speed; 0: --epochs).")
 flags.DEFINE_list("emulated_conditions", ["equal", "slow"], "Conditions of the emulated runs.")
 flags.DEFINE_list("sweep", [],
                   "Hybrid knobs whose every accepted value (besides the default) becomes a column, "
@@ -137,6 +138,8 @@ def plan() -> list:
     def add(label, mode, extra, condition, emulated, workers=FLAGS.workers, repeat=0):
         flags_ = base + extra
         if emulated:
+            epochs = FLAGS.emulated_epochs or FLAGS.epochs
+            flags_ = [f"--epochs={epochs}" if f.startswith("--epochs=") else f for f in flags_]
             flags_ += [f"--compute_ms={FLAGS.compute_ms:g}"]
             if condition in ("slow", "solo slow"):
                 flags_ += [f"--compute_slow_worker={1 if condition == 'slow' else 0}:{slow}"]
@@ -213,7 +216,8 @@ def main(argv):
             "settings": {"workers": FLAGS.workers, "epochs": FLAGS.epochs, "batch_size": FLAGS.batch_size,
                          "dataset": FLAGS.dataset, "model": FLAGS.model, "data": FLAGS.data,
                          "train_flags": list(FLAGS.train_flags), "slow_factor": FLAGS.slow_factor,
-                         "compute_ms": FLAGS.compute_ms, "target_loss": FLAGS.target_loss,
+                         "compute_ms": FLAGS.compute_ms, "emulated_epochs": FLAGS.emulated_epochs or FLAGS.epochs,
+                         "target_loss": FLAGS.target_loss,
                          "kill_after_epochs": max(1, FLAGS.epochs // 2)},
             "machine": {"cores": os.cpu_count(), "load_average_before": [round(v, 2) for v in load_before],
                         "load_average_after": [round(v, 2) for v in os.getloadavg()],

@@ -12,6 +12,19 @@ from typing import Dict, List, Optional
 TARGETS = {"async_ratio": 0.85, "hybrid_time_ratio": 0.6, "topk_bytes_ratio": 0.025, "accuracy_points": 1.0}
 
 
+def samples_per_second(run: dict) -> Optional[float]:
+    """Samples per second after the first epoch (which also traces and warms up), from the
+    chief's epoch ends; with one epoch, over the whole training time."""
+    metrics = run.get("metrics") or {}
+    if not metrics.get("train_seconds"):
+        return None
+    ends = [row["wall_time"] for row in run.get("curve", []) if row["epoch"] >= 0]
+    per_epoch = metrics["steps"] * metrics["batch_size"] / metrics["epochs"]
+    if len(ends) == metrics["epochs"] >= 2 and ends[-1] > ends[0]:
+        return per_epoch * (len(ends) - 1) / (ends[-1] - ends[0])
+    return metrics["steps"] * metrics["batch_size"] / metrics["train_seconds"]
+
+
 def _key(run: dict) -> str:
     return ("emulated " if run["emulated"] else "") + run["condition"]
 
@@ -116,8 +129,8 @@ def summarize(result: dict) -> dict:
     for run in runs:
         cell = cells.setdefault(run["column"], {}).setdefault(_key(run), {"repeats": []})
         metrics = run.get("metrics") or {}
-        if metrics.get("train_seconds"):
-            cell["repeats"].append(metrics["steps"] * metrics["batch_size"] / metrics["train_seconds"])
+        if samples_per_second(run):
+            cell["repeats"].append(samples_per_second(run))
         if run["repeat"] == 0:
             cell.update(mode=run["mode"], run=run)
     target = result["settings"].get("target_loss")
@@ -208,7 +221,7 @@ def one_line(run: dict) -> str:
     if run.get("killed_at_seconds") is not None:
         parts.append(f"worker 1 killed at {run['killed_at_seconds']:.0f} s")
     if metrics.get("train_seconds"):
-        rate = metrics["steps"] * metrics["batch_size"] / metrics["train_seconds"]
+        rate = samples_per_second(run)
         parts.append(f"{rate:.0f} samples/s, test accuracy {metrics['test_accuracy']:.3f}")
     if run["returncode"] != 0:
         parts.append(f"exit {run['returncode']}: {run.get('error', '')[:120]}")

@@ -117,7 +117,8 @@ def markdown(result: dict) -> str:
                      f"{'holds' if t['holds'] else 'does not hold'}{extra}")
     lines += [
         "",
-        "How to read it: samples/s = steps x batch / training time of the run (start-up excluded). "
+        "How to read it: samples/s = samples trained after the first epoch (which also traces and warms "
+        "up) over the time from the first epoch's end to the last's, as the chief logged them. "
         f"Time to target = seconds of training until the chief's epoch loss first reaches {_num(summary['target_loss'], '{:.3f}')} "
         "(the largest final loss of the all-equal runs, so every mode reaches it; between epoch ends, "
         "linear). Bytes: hybrid counts the cross-group payloads it really sent; for sync and async "
@@ -125,7 +126,9 @@ def markdown(result: dict) -> str:
         "with SGD + momentum, sync and hybrid with Adam (scripts/train.py). With more processes "
         "(chief, ps, workers) than cores the workers share the cores, which caps every ratio to the "
         "sum of individual rates; the emulated-compute runs, whose steps mostly sleep, measure what "
-        "the mode itself costs.",
+        "the mode itself costs (they run "
+        f"{s.get('emulated_epochs', s['epochs'])} epochs). The fault-tolerance cell's extra seconds are the wall-clock time of "
+        "the killed run (and of its rerun, where it stopped) minus the all-equal run's.",
     ]
     return "\n".join(lines)
 
@@ -145,8 +148,14 @@ def plots(result: dict, out_dir: str) -> List[str]:
     keys = [k for k in ("equal", "slow", "kill", "emulated equal", "emulated slow")
             if any(k in c for c in cols.values())]
     colors = {label: f"C{i}" for i, label in enumerate(cols)}
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.8), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ncols = min(3, len(keys))
+    nrows = (len(keys) + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.axis("off")
+    for ax, key in zip(axes.flat, keys):
         for label, c in cols.items():
             row = c.get(key)
             if not row or not row.get("curve"):
@@ -160,10 +169,16 @@ def plots(result: dict, out_dir: str) -> List[str]:
         if result["summary"]["target_loss"] is not None:
             ax.axhline(result["summary"]["target_loss"], color="grey", lw=0.8, ls="--")
         ax.set_yscale("log")
-        ax.set_title(key if key != "slow" else f"worker 1 {result['settings']['slow_factor']:g}x slow")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        factor = f"worker 1 {result['settings']['slow_factor']:g}x slow"
+        ax.set_title({"equal": "all workers equal", "slow": factor, "kill": "worker 1 killed midway",
+                      "emulated equal": f"emulated compute ({result['settings']['compute_ms']:g} ms/step), equal",
+                      "emulated slow": f"emulated compute, {factor}"}.get(key, key), fontsize=10)
         ax.set_xlabel("seconds since training started")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("training loss (chief, per epoch)")
+    for row in axes:
+        row[0].set_ylabel("training loss (chief, per epoch)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Loss against wall-clock time, {result['settings']['workers']} workers, "
                  f"{result['machine']['cores']}-core shared machine (dashed: target loss)", fontsize=10)

@@ -1,0 +1,115 @@
+"""scripts/compare_modes.py: a tiny real comparison (horovodrun and a local ps cluster, one
+worker killed midway) whose JSON, table and PNGs must hold measured numbers; and the pieces of
+its report checked against NumPy."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "scripts", "compare_modes.py")
+sys.path.insert(0, REPO)
+
+
+def test_modes_and_policies_come_from_the_package():
+    from scripts import comparelib
+    from tfsyncmodes import config
+
+    assert comparelib.accepted_values("mode") == list(config.MODES)
+    for key in ("compression", "cross_group"):
+        values = comparelib.accepted_values(key)
+        assert config.KNOBS_BY_KEY[key].default in values
+        for value in values:
+            assert config.KNOBS_BY_KEY[key].parse(value) == value
+
+
+def test_time_to_target_matches_numpy_interpolation():
+    from scripts.compare_report import time_to
+
+    rng = np.random.default_rng(0)
+    times = np.cumsum(rng.uniform(0.5, 2.0, 12))
+    losses = np.sort(rng.uniform(0.05, 2.0, 12))[::-1]  # falling
+    points = [[float(t), float(v)] for t, v in zip(times, losses)]
+    for target in (losses[3] + 1e-3, (losses[6] + losses[7]) / 2, losses[-1]):
+        # np.interp needs increasing x: interpolate time as a function of falling loss.
+        expected = float(np.interp(target, losses[::-1], times[::-1]))
+        assert time_to(points, float(target)) == pytest.approx(expected, rel=1e-9)
+    assert time_to(points, float(losses[-1]) / 2) is None
+
+
+def test_bad_flag_is_one_line_and_exit_2(tmp_path):
+    result = subprocess.run([sys.executable, SCRIPT, "--modes=sync,bogus", f"--docs_dir={tmp_path}"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error:")]
+    assert errors == ["tfsyncmodes: error: flag: --modes: 'bogus' is not a mode; use some of sync, async, hybrid"]
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+NUMBER = re.compile(r"\d+(\.\d+)?")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_tiny_comparison_writes_numbers_table_and_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    docs = tmp_path / "docs"
+    result = subprocess.run(
+        [sys.executable, SCRIPT, "--modes=sync,async", "--conditions=equal,kill", "--epochs=2",
+         "--compute_ms=0", "--rerun_after_kill=false", "--timeout=300", f"--docs_dir={docs}"],
+        capture_output=True, text=True, timeout=840, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    progress = [line for line in result.stdout.splitlines() if re.match(r"\[\d/4\] ", line)]
+    assert len(progress) == 4 and all("min left" in line for line in progress), result.stdout[-3000:]
+
+    data = json.loads((docs / "compare_modes.json").read_text())
+    assert data["machine"]["cores"] == os.cpu_count()
+    assert len(data["machine"]["load_average_before"]) == 3
+    runs = {(r["column"], r["condition"]): r for r in data["runs"]}
+    columns = data["summary"]["columns"]
+    for mode in ("sync", "async"):
+        raw = runs[(mode, "equal")]["metrics"]
+        equal = columns[mode]["equal"]
+        # throughput recomputed from the raw final metrics
+        assert equal["samples_per_s"] == pytest.approx(raw["steps"] * raw["batch_size"] / raw["train_seconds"], abs=0.06)
+        assert raw["steps"] == 2 * raw["steps_per_epoch"]
+        assert 0.0 <= equal["test_accuracy"] <= 1.0 and math.isfinite(equal["final_loss"])
+        assert len(equal["curve"]) == 2 and all(t > 0 and math.isfinite(v) for t, v in equal["curve"])
+        assert equal["seconds_to_target"] is not None and equal["seconds_to_target"] > 0
+    # bytes from the parameter count: float32 gradients (sync), variables read + gradients written (async)
+    assert columns["sync"]["equal"]["bytes_per_step"] == 4 * runs[("sync", "equal")]["metrics"]["params"]
+    assert columns["async"]["equal"]["bytes_per_step"] == 8 * runs[("async", "equal")]["metrics"]["params"]
+    assert columns["async"]["equal"]["staleness_max"] >= columns["async"]["equal"]["staleness_mean"] >= 0
+
+    # one worker killed after the first epoch: Horovod sync stops with an error, async finishes
+    sync_kill, async_kill = columns["sync"]["kill"], columns["async"]["kill"]
+    assert sync_kill["killed_after_epoch"] >= 1 and async_kill["killed_after_epoch"] >= 1
+    assert sync_kill["ended"] == "stopped with an error" and sync_kill["error"]
+    assert async_kill["ended"] == "finished" and 0.0 <= async_kill["test_accuracy"] <= 1.0
+    assert math.isfinite(async_kill["extra_seconds"])
+
+    table = (docs / "BENCHMARKS.md").read_text()
+    assert "<!-- bench:compare_modes:begin -->" in table
+    assert "| | sync | async |" in result.stdout and "| | sync | async |" in table
+    for row in ("speed", "convergence", "fault tolerance", "communication"):
+        line = next(line for line in table.splitlines() if line.startswith(f"| {row} |"))
+        cells = [c.strip() for c in line.strip("|").split("|")[1:]]
+        assert len(cells) == 2 and all(NUMBER.search(c) for c in cells), line
+        assert not re.search(r"\bn/a\b|\bNone\b|\bnan\b|TODO|XXX", line), line
+
+    import matplotlib.image
+
+    for name in ("compare_modes_loss.png", "compare_modes_speed.png"):
+        path = docs / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        pixels = matplotlib.image.imread(str(path))
+        assert pixels.shape[0] > 300 and pixels.shape[1] > 600
+        assert float(np.std(pixels[..., :3])) > 0.05  # drawn on, not a blank canvas
