@@ -12,6 +12,7 @@ three conditions:
   slow   worker 1 slowed --slow_factor times (``--slow_worker=1:FACTOR``);
   kill   worker 1 killed (SIGKILL) once the chief has logged half the epochs; a run that
          stopped is started again with the same --model_dir, to see whether it resumes;
+  kill_ps  (modes on a ps cluster) the parameter server killed the same way;
 
 and, with ``--compute_ms`` > 0, "emulated" equal and slow runs in which every step also waits
 that long (a sleep holding no core, standing for a large model's compute; the slow worker
@@ -49,7 +50,8 @@ flags.DEFINE_string("model", None, "module:function building your own Keras mode
 flags.DEFINE_string("data", None, "module:function returning your own data (scripts/train.py --data).")
 flags.DEFINE_list("train_flags", [], "More scripts/train.py flags for every run, e.g. --hidden_units=256.")
 flags.DEFINE_list("modes", [], "Modes to compare (default: every mode the package accepts).")
-flags.DEFINE_list("conditions", ["equal", "slow", "kill"], "Conditions for the modes: equal, slow, kill.")
+flags.DEFINE_list("conditions", ["equal", "slow", "kill", "kill_ps"],
+                  "Conditions for the modes: equal, slow, kill, kill_ps (only modes on a ps cluster).")
 flags.DEFINE_float("slow_factor", 4.0, "How many times slower the slow worker runs.")
 flags.DEFINE_float("compute_ms", 50.0, "Emulated compute per step for the emulated runs (0: none).")
 flags.DEFINE_integer("emulated_epochs", 4, "Epochs of the emulated runs (they measure speed; 0: --epochs).")
@@ -119,8 +121,9 @@ def plan() -> list:
         if kind not in ("ps", "horovod"):
             raise ConfigError("flag", "--launcher", f"{spec!r} is not MODE:ps or MODE:horovod", "e.g. async:ps")
         launchers[mode] = kind
-    for name, allowed in (("conditions", ("equal", "slow", "kill")), ("emulated_conditions", ("equal", "slow")),
-                          ("variant_conditions", ("equal", "slow", "kill"))):
+    for name, allowed in (("conditions", ("equal", "slow", "kill", "kill_ps")),
+                          ("emulated_conditions", ("equal", "slow")),
+                          ("variant_conditions", ("equal", "slow", "kill", "kill_ps"))):
         for condition in getattr(FLAGS, name):
             if condition not in allowed:
                 raise ConfigError("flag", f"--{name}", f"{condition!r} is not a condition", f"use {', '.join(allowed)}")
@@ -157,7 +160,9 @@ def plan() -> list:
             for label, mode, extra in cols:
                 if label not in main and (emulated or condition not in FLAGS.variant_conditions):
                     continue
-                for repeat in range(FLAGS.repeats if condition != "kill" else 1):
+                if condition == "kill_ps" and not comparelib.uses_parameter_servers(mode, launchers):
+                    continue
+                for repeat in range(FLAGS.repeats if not condition.startswith("kill") else 1):
                     add(label, mode, extra, condition, emulated, repeat=repeat)
         # The individual rates of async-like modes: one worker alone, and alone slowed.
         for label, mode, extra in cols:
@@ -175,10 +180,11 @@ def execute(runs: list, work_dir: str) -> list:
     for number, run in enumerate(runs, 1):
         name = f"{run['column']} / {'emulated ' if run['emulated'] else ''}{run['condition']}"
         model_dir = os.path.join(work_dir, f"run{number:02d}")
-        kill = run["condition"] == "kill"
+        kill = run["condition"].startswith("kill")
         job = comparelib.run_job(run["mode"], workers=run["workers"], train_flags=run["flags"], model_dir=model_dir,
                                  on_ps=run["on_ps"], timeout=FLAGS.timeout,
-                                 kill_after_epochs=max(1, FLAGS.epochs // 2) if kill else None)
+                                 kill_after_epochs=max(1, FLAGS.epochs // 2) if kill else None,
+                                 kill_role="ps" if run["condition"] == "kill_ps" else "worker")
         run.update(job)
         if kill and job["returncode"] != 0 and FLAGS.rerun_after_kill:
             rerun = comparelib.run_job(run["mode"], workers=run["workers"], train_flags=run["flags"],

@@ -109,6 +109,8 @@ def _kill_outcome(run: dict, equal_wall: Optional[float]) -> dict:
             total += rerun["wall_seconds"]
             epochs = [row["epoch"] for row in rerun.get("curve", []) if row["epoch"] >= 0]
             out["rerun_returncode"] = rerun["returncode"]
+            if rerun["returncode"] != 0:
+                out["rerun_error"] = rerun.get("error", "")
             out["rerun_first_epoch"] = min(epochs) if epochs else None
             out["resumed"] = bool(epochs) and min(epochs) > 0
     if run.get("timed_out"):
@@ -163,7 +165,7 @@ def summarize(result: dict) -> dict:
             row["curve"] = points
             if target is not None:
                 row["seconds_to_target"] = time_to(points, target)
-            if run["condition"] == "kill":
+            if run["condition"].startswith("kill"):
                 row.update(_kill_outcome(run, equal_wall))
                 if run.get("rerun"):
                     origin = fit_start(run, startups)
@@ -219,7 +221,8 @@ def one_line(run: dict) -> str:
     metrics = run.get("metrics") or {}
     parts = []
     if run.get("killed_at_seconds") is not None:
-        parts.append(f"worker 1 killed at {run['killed_at_seconds']:.0f} s")
+        who = "ps:0" if run["condition"] == "kill_ps" else "worker 1"
+        parts.append(f"{who} killed at {run['killed_at_seconds']:.0f} s")
     if metrics.get("train_seconds"):
         rate = samples_per_second(run)
         parts.append(f"{rate:.0f} samples/s, test accuracy {metrics['test_accuracy']:.3f}")

@@ -36,22 +36,27 @@ def _convergence(c: dict, target) -> str:
 
 
 def _fault(c: dict) -> str:
-    kill = c.get("kill")
-    if not kill:
-        return "not run"
-    text = kill.get("ended", "?")
-    if kill.get("killed_at_seconds") is not None:
-        text = f"worker 1 killed after epoch {kill['killed_after_epoch']}: {text}"
-    if kill.get("error"):
-        text += f" (`{kill['error'][:110].replace('|', '/')}`)"
-    if "resumed" in kill:
-        text += ("; rerun with the same --model_dir resumed at epoch " + str(kill["rerun_first_epoch"])
-                 if kill["resumed"] else "; rerun with the same --model_dir started over at epoch 0")
-    if kill.get("extra_seconds") is not None:
-        text += f"; {kill['extra_seconds']:+.0f} s against the equal run"
-    if kill.get("test_accuracy") is not None:
-        text += f"; test accuracy {kill['test_accuracy']:.3f}"
-    return text
+    texts = []
+    for key, who in (("kill", "worker 1"), ("kill_ps", "the ps")):
+        kill = c.get(key)
+        if not kill:
+            continue
+        text = kill.get("ended", "?")
+        if kill.get("killed_at_seconds") is not None:
+            text = f"{who} killed after epoch {kill['killed_after_epoch']}: {text}"
+        if kill.get("error"):
+            text += f" (`{kill['error'][:110].replace('|', '/').replace('`', '')}`)"
+        if kill.get("rerun_error"):
+            text += f"; rerun with the same --model_dir failed: `{kill['rerun_error'][:140].replace('|', '/').replace('`', '')}`"
+        elif "resumed" in kill:
+            text += ("; rerun with the same --model_dir resumed at epoch " + str(kill["rerun_first_epoch"])
+                     if kill["resumed"] else "; rerun with the same --model_dir started over at epoch 0")
+        if kill.get("extra_seconds") is not None:
+            text += f"; {kill['extra_seconds']:+.0f} s against the equal run"
+        if kill.get("test_accuracy") is not None:
+            text += f"; test accuracy {kill['test_accuracy']:.3f}"
+        texts.append(text)
+    return "<br>".join(texts) or "not run"
 
 
 def _communication(c: dict) -> str:
@@ -145,7 +150,7 @@ def plots(result: dict, out_dir: str) -> List[str]:
 
     cols = result["summary"]["columns"]
     main = [label for label, c in cols.items() if any(r.get("mode") == label for r in c.values())]
-    keys = [k for k in ("equal", "slow", "kill", "emulated equal", "emulated slow")
+    keys = [k for k in ("equal", "slow", "kill", "kill_ps", "emulated equal", "emulated slow")
             if any(k in c for c in cols.values())]
     colors = {label: f"C{i}" for i, label in enumerate(cols)}
     from matplotlib.ticker import NullFormatter, ScalarFormatter
@@ -173,6 +178,7 @@ def plots(result: dict, out_dir: str) -> List[str]:
         ax.yaxis.set_minor_formatter(NullFormatter())
         factor = f"worker 1 {result['settings']['slow_factor']:g}x slow"
         ax.set_title({"equal": "all workers equal", "slow": factor, "kill": "worker 1 killed midway",
+                      "kill_ps": "ps killed midway (async)",
                       "emulated equal": f"emulated compute ({result['settings']['compute_ms']:g} ms/step), equal",
                       "emulated slow": f"emulated compute, {factor}"}.get(key, key), fontsize=10)
         ax.set_xlabel("seconds since training started")

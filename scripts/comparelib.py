@@ -4,7 +4,8 @@ A job is ``scripts/train.py`` on a local cluster started by the project's own la
 ``horovodrun`` (loopback only, :mod:`tfsyncmodes.testing.localrun`) for the modes that run as
 Horovod ranks, ``python -m tfsyncmodes.launch`` (chief, ps, workers on 127.0.0.1) for async.
 A job can have one worker killed midway: once the chief has logged `kill_after_epochs` epochs
-to TensorBoard, the process of Horovod rank 1 (or async task worker:1) gets SIGKILL.
+to TensorBoard, the process of Horovod rank 1 (or async task worker:1, or with
+``kill_role="ps"`` task ps:0) gets SIGKILL.
 """
 from __future__ import annotations
 
@@ -97,8 +98,9 @@ def read_curve(model_dir: str, since: float = 0.0) -> List[Dict[str, float]]:
     return [epochs[k] for k in sorted(epochs)]
 
 
-def _find_victim(root: int, on_ps: bool) -> Optional[int]:
-    """The pid of Horovod rank 1 / async task worker:1 among `root`'s descendants."""
+def _find_victim(root: int, on_ps: bool, role: str = "worker") -> Optional[int]:
+    """The pid of Horovod rank 1 / async task worker:1 (`role` "ps": task ps:0) among
+    `root`'s descendants."""
     import psutil
 
     try:
@@ -115,7 +117,7 @@ def _find_victim(root: int, on_ps: bool) -> Optional[int]:
                 task = json.loads(env.get("TF_CONFIG", "{}")).get("task", {})
             except ValueError:
                 continue
-            if task.get("type") == "worker" and int(task.get("index", -1)) == 1:
+            if task.get("type") == role and int(task.get("index", -1)) == (1 if role == "worker" else 0):
                 return process.pid
         elif env.get("HOROVOD_RANK") == "1" and any("train.py" in part for part in process.cmdline()):
             return process.pid
@@ -123,10 +125,15 @@ def _find_victim(root: int, on_ps: bool) -> Optional[int]:
 
 
 def _last_error(text: str) -> str:
-    """The most telling error line of a failed job's output, shortened."""
+    """The most telling error line of a failed job's output (the package's one-line error if
+    there is one), without progress-bar noise, shortened."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     for marker in ("tfsyncmodes: error", "Error:", "error:", "Error", "error"):
-        found = [line for line in lines if marker in line and "WARNING" not in line]
+        found = [line[line.index(marker):] if marker == "tfsyncmodes: error" else line
+                 for line in lines if marker in line and "WARNING" not in line]
         if found:
             line = found[-1]
             return line if len(line) <= 240 else line[:237] + "..."
@@ -134,7 +141,8 @@ def _last_error(text: str) -> str:
 
 
 def run_job(mode: str, *, workers: int, train_flags: Sequence[str], model_dir: str, on_ps: bool,
-            timeout: float, kill_after_epochs: Optional[int] = None, log_path: Optional[str] = None) -> dict:
+            timeout: float, kill_after_epochs: Optional[int] = None, kill_role: str = "worker",
+            log_path: Optional[str] = None) -> dict:
     """Runs one job and returns what happened: ``returncode``, ``wall_seconds``, the chief's
     final metrics (``metrics``, None if it wrote none), the per-epoch ``curve``, and for a kill
     ``killed_at_seconds`` / ``killed_after_epoch`` / ``error`` (last error line)."""
@@ -159,7 +167,7 @@ def run_job(mode: str, *, workers: int, train_flags: Sequence[str], model_dir: s
                 if kill_after_epochs is not None and "killed_at_seconds" not in result:
                     done = read_curve(model_dir, since=started_wall - 1)
                     if len([row for row in done if row["epoch"] >= 0]) >= kill_after_epochs:
-                        victim = _find_victim(process.pid, on_ps)
+                        victim = _find_victim(process.pid, on_ps, kill_role)
                         if victim is not None:
                             os.kill(victim, signal.SIGKILL)
                             result.update(killed_at_seconds=round(time.perf_counter() - started, 2),

@@ -78,8 +78,10 @@ def test_tiny_comparison_writes_numbers_table_and_plots(tmp_path):
     for mode in ("sync", "async"):
         raw = runs[(mode, "equal")]["metrics"]
         equal = columns[mode]["equal"]
-        # throughput recomputed from the raw final metrics
-        assert equal["samples_per_s"] == pytest.approx(raw["steps"] * raw["batch_size"] / raw["train_seconds"], abs=0.06)
+        # throughput recomputed from the raw epoch ends: the second epoch's samples over its time
+        ends = np.array([row["wall_time"] for row in runs[(mode, "equal")]["curve"] if row["epoch"] >= 0])
+        expected = raw["steps_per_epoch"] * raw["batch_size"] / np.diff(ends)[0]
+        assert equal["samples_per_s"] == pytest.approx(expected, abs=0.06)
         assert raw["steps"] == 2 * raw["steps_per_epoch"]
         assert 0.0 <= equal["test_accuracy"] <= 1.0 and math.isfinite(equal["final_loss"])
         assert len(equal["curve"]) == 2 and all(t > 0 and math.isfinite(v) for t, v in equal["curve"])
