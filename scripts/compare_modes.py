@@ -36,9 +36,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
-from scripts import compare_report, comparelib  # noqa: E402
+from scripts import compare_report, compare_table, comparelib  # noqa: E402
 
 REPO = comparelib.REPO
 flags.DEFINE_integer("workers", 2, "Workers (Horovod ranks, or async worker tasks) in every run.")
@@ -70,6 +70,8 @@ flags.DEFINE_float("target_loss", None, "Loss for 'time to target' (default: the
                    "training loss of the equal-condition runs of the modes, so that each reaches it).")
 flags.DEFINE_integer("repeats", 1, "Runs of each equal and slow condition (throughput: median, range).")
 flags.DEFINE_bool("rerun_after_kill", True, "Start a stopped kill run again to see whether it resumes.")
+flags.DEFINE_integer("intra_op_threads", 1, "TF_NUM_INTRAOP_THREADS of every process (0: TensorFlow's "
+                     "default, one per core), so that the processes of a job do not fight over the cores.")
 flags.DEFINE_float("timeout", 420.0, "Seconds one job may take before it is killed.")
 flags.DEFINE_string("docs_dir", os.path.join(REPO, "docs"), "Where the JSON, BENCHMARKS.md and PNGs go.")
 flags.DEFINE_string("json_name", "compare_modes.json", "File name of the raw results in --docs_dir.")
@@ -184,12 +186,14 @@ def execute(runs: list, work_dir: str) -> list:
         job = comparelib.run_job(run["mode"], workers=run["workers"], train_flags=run["flags"], model_dir=model_dir,
                                  on_ps=run["on_ps"], timeout=FLAGS.timeout,
                                  kill_after_epochs=max(1, FLAGS.epochs // 2) if kill else None,
-                                 kill_role="ps" if run["condition"] == "kill_ps" else "worker")
+                                 kill_role="ps" if run["condition"] == "kill_ps" else "worker",
+                                 intra_op_threads=FLAGS.intra_op_threads)
         run.update(job)
         if kill and job["returncode"] != 0 and FLAGS.rerun_after_kill:
             rerun = comparelib.run_job(run["mode"], workers=run["workers"], train_flags=run["flags"],
                                        model_dir=model_dir, on_ps=run["on_ps"], timeout=FLAGS.timeout,
-                                       log_path=os.path.join(model_dir, "rerun.log"))
+                                       log_path=os.path.join(model_dir, "rerun.log"),
+                                       intra_op_threads=FLAGS.intra_op_threads)
             run["rerun"] = {k: rerun[k] for k in ("wall_seconds", "returncode", "metrics", "curve", "error",
                                                   "started_unix") if k in rerun}
         done_seconds.append(time.perf_counter() - started - sum(done_seconds))
@@ -222,7 +226,8 @@ def main(argv):
             "settings": {"workers": FLAGS.workers, "epochs": FLAGS.epochs, "batch_size": FLAGS.batch_size,
                          "dataset": FLAGS.dataset, "model": FLAGS.model, "data": FLAGS.data,
                          "train_flags": list(FLAGS.train_flags), "slow_factor": FLAGS.slow_factor,
-                         "compute_ms": FLAGS.compute_ms, "emulated_epochs": FLAGS.emulated_epochs or FLAGS.epochs,
+                         "compute_ms": FLAGS.compute_ms, "intra_op_threads": FLAGS.intra_op_threads,
+                         "emulated_epochs": FLAGS.emulated_epochs or FLAGS.epochs,
                          "target_loss": FLAGS.target_loss,
                          "kill_after_epochs": max(1, FLAGS.epochs // 2)},
             "machine": {"cores": os.cpu_count(), "load_average_before": [round(v, 2) for v in load_before],
@@ -235,13 +240,13 @@ def main(argv):
     result["summary"] = compare_report.summarize(result)
     with open(json_path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
-    text = compare_report.markdown(result)
+    text = compare_table.markdown(result)
     print(text)
     if FLAGS.write_docs:
         from scripts.benchlib import replace_section
 
         replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), "compare_modes", text)
-    for path in compare_report.plots(result, FLAGS.docs_dir):
+    for path in compare_table.plots(result, FLAGS.docs_dir):
         print(f"wrote {path}")
 
 

@@ -5,7 +5,6 @@ table and plots without running anything.
 """
 from __future__ import annotations
 
-import os
 import statistics
 from typing import Dict, List, Optional
 
@@ -231,6 +230,3 @@ def one_line(run: dict) -> str:
     if run.get("rerun"):
         parts.append(f"rerun exit {run['rerun']['returncode']}")
     return "; ".join(parts) + f" ({run['wall_seconds']:.0f} s)"
-
-
-from scripts.compare_table import markdown, plots  # noqa: E402,F401  (re-exported)

@@ -82,12 +82,14 @@ def markdown(result: dict) -> str:
     emulated = any(k.startswith("emulated") for c in cols.values() for k in c)
     factor = s["slow_factor"]
     data = s["data"] or s["dataset"]
+    threads = {0: "TensorFlow's default threads", 1: "one intra-op thread"}.get(
+        s.get("intra_op_threads", 0), f"{s.get('intra_op_threads')} intra-op threads")
     lines = [
         "## The modes compared",
         "",
         f"`python scripts/compare_modes.py` — {s['workers']} workers, {data}, "
         f"{s['model'] or 'the MLP of scripts/train.py'}, {s['epochs']} epochs, batch {s['batch_size']} per step "
-        f"(the same samples in every mode). Measured on {m['date']} on a shared {m['cores']}-core machine "
+        f"(the same samples in every mode), {threads} per process. Measured on {m['date']} on a shared {m['cores']}-core machine "
         f"(load average {m['load_average_before'][0]:.1f} before, {m['load_average_after'][0]:.1f} after; "
         f"{m['total_seconds'] / 60:.1f} min in all): other work on the machine moves these numbers. "
         f"Raw results: `docs/compare_modes.json`.",

@@ -142,7 +142,7 @@ def _last_error(text: str) -> str:
 
 def run_job(mode: str, *, workers: int, train_flags: Sequence[str], model_dir: str, on_ps: bool,
             timeout: float, kill_after_epochs: Optional[int] = None, kill_role: str = "worker",
-            log_path: Optional[str] = None) -> dict:
+            log_path: Optional[str] = None, intra_op_threads: int = 1) -> dict:
     """Runs one job and returns what happened: ``returncode``, ``wall_seconds``, the chief's
     final metrics (``metrics``, None if it wrote none), the per-epoch ``curve``, and for a kill
     ``killed_at_seconds`` / ``killed_after_epoch`` / ``error`` (last error line)."""
@@ -154,6 +154,8 @@ def run_job(mode: str, *, workers: int, train_flags: Sequence[str], model_dir: s
                   tolerate_loss=kill_after_epochs is not None)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+    if intra_op_threads:  # keeps the processes of a job from fighting over few cores
+        env["TF_NUM_INTRAOP_THREADS"] = str(intra_op_threads)
     log_path = log_path or os.path.join(model_dir, "job.log")
     started_wall = time.time()
     started = time.perf_counter()

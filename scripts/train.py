@@ -150,6 +150,9 @@ def build_model(num_features: int):
 def main(argv):
     del argv
     _check_compute_flags()
+    for flag, spec in (("--model", FLAGS.model), ("--data", FLAGS.data)):
+        if spec:
+            _import_hook(flag, spec)  # a bad hook fails here, before any TensorFlow work
     import numpy as np
     import tensorflow as tf
 

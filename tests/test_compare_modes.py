@@ -115,3 +115,43 @@ def test_tiny_comparison_writes_numbers_table_and_plots(tmp_path):
         pixels = matplotlib.image.imread(str(path))
         assert pixels.shape[0] > 300 and pixels.shape[1] > 600
         assert float(np.std(pixels[..., :3])) > 0.05  # drawn on, not a blank canvas
+
+
+HOOKS = '''
+import numpy as np
+
+
+def build(num_features, num_classes):
+    from tfsyncmodes.keras.compat import keras
+    return keras.Sequential([keras.Input((num_features,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(num_classes)])
+
+
+def load():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((320, 5))
+    y = (x[:, 0] > 0).astype("int64")
+    return x[:256], y[:256], x[256:], y[256:]
+'''
+
+
+def test_train_runs_your_own_model_and_data(tmp_path):
+    (tmp_path / "myhooks.py").write_text(HOOKS)
+    metrics = tmp_path / "metrics.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFSYNC_", "TF_CONFIG", "HOROVOD_"))}
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts", "train.py"), "--model=myhooks:build", "--data=myhooks:load",
+         "--epochs=2", "--batch_size=32", f"--model_dir={tmp_path / 'run'}", f"--metrics_file={metrics}"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(metrics.read_text())
+    assert got["params"] == 5 * 16 + 16 + 16 * 10 + 10  # Dense(16) on 5 features, Dense(10)
+    assert got["steps_per_epoch"] == 256 // 32 and got["steps"] == 2 * 8
+    assert 0.0 <= got["test_accuracy"] <= 1.0
+
+    bad = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "train.py"), "--model=myhooks:nothing"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert bad.returncode == 2
+    assert [line for line in bad.stderr.splitlines() if line.startswith("tfsyncmodes: error:")] == [
+        "tfsyncmodes: error: flag: --model: myhooks has no function 'nothing'; "
+        "give --model=module:function with the module importable from the working directory"]
