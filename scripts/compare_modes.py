@@ -60,8 +60,8 @@ flags.DEFINE_list("sweep", [],
                   "Hybrid knobs whose every accepted value (besides the default) becomes a column, "
                   "e.g. compression,cross_group.")
 flags.DEFINE_multi_string("variant", [], "A column of your own: LABEL=MODE:FLAG=VALUE,FLAG=VALUE "
-                          "(train.py flags without dashes), e.g. 'hybrid s=8=hybrid:staleness=8,"
-                          "cross_group=stale'. Repeat for more.")
+                          "(train.py flags without dashes; no '=' in LABEL), e.g. "
+                          "'hybrid-s8=hybrid:staleness=8,cross_group=stale'. Repeat for more.")
 flags.DEFINE_list("variant_conditions", ["equal"], "Conditions of the sweep and --variant columns.")
 flags.DEFINE_list("launcher", [], "MODE:ps or MODE:horovod for modes the script does not know "
                   "(default: async on a ps cluster, every other mode under horovodrun).")
@@ -77,6 +77,7 @@ flags.DEFINE_string("docs_dir", os.path.join(REPO, "docs"), "Where the JSON, BEN
 flags.DEFINE_string("json_name", "compare_modes.json", "File name of the raw results in --docs_dir.")
 flags.DEFINE_bool("write_docs", True, "Write the table into --docs_dir/BENCHMARKS.md.")
 flags.DEFINE_bool("report_only", False, "Rebuild table and plots from the JSON, running nothing.")
+flags.DEFINE_bool("dry_run", False, "Print the planned runs and exit.")
 flags.DEFINE_string("work_dir", None, "Keep the runs' model dirs and logs here (default: a temp dir).")
 FLAGS = flags.FLAGS
 
@@ -212,6 +213,12 @@ def main(argv):
             result = json.load(handle)
     else:
         runs = plan()
+        if FLAGS.dry_run:
+            for number, run in enumerate(runs, 1):
+                launcher = "ps cluster" if run["on_ps"] else "horovodrun"
+                print(f"[{number}/{len(runs)}] {run['column']} / {'emulated ' if run['emulated'] else ''}"
+                      f"{run['condition']}: {run['mode']} on a {launcher} of {run['workers']}: {' '.join(run['flags'])}")
+            return
         work_dir = FLAGS.work_dir or tempfile.mkdtemp(prefix="compare_modes-")
         print(f"compare_modes: {len(runs)} runs, {FLAGS.workers} workers, {FLAGS.epochs} epochs; "
               f"run logs in {work_dir}", flush=True)

@@ -30,6 +30,27 @@ def test_modes_and_policies_come_from_the_package():
             assert config.KNOBS_BY_KEY[key].parse(value) == value
 
 
+def test_plan_has_every_mode_and_swept_policy():
+    from scripts import comparelib
+    from tfsyncmodes import config
+
+    result = subprocess.run([sys.executable, SCRIPT, "--dry_run", "--sweep=compression,cross_group",
+                             "--variant=hybrid-s8=hybrid:staleness=8", "--conditions=equal,slow,kill_ps"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    columns = {line.split("] ", 1)[1].split(" / ")[0] for line in lines}
+    swept = {f"hybrid {key}={value}" for key in ("compression", "cross_group")
+             for value in comparelib.accepted_values(key)
+             if value != config.KNOBS_BY_KEY[key].default}
+    assert columns == set(config.MODES) | swept | {"hybrid-s8"}
+    assert any("hybrid-s8 / equal" in line and "--staleness=8" in line for line in lines)
+    # kill_ps only where there is a ps; the async individual rates come with the slow condition
+    assert [line.split("] ", 1)[1].split(":")[0] for line in lines if "kill_ps" in line] == ["async / kill_ps"]
+    assert any("async / solo slow" in line and "--slow_worker=0:4" in line and "of 1:" in line for line in lines)
+    assert any("sync / emulated slow" in line and "--compute_slow_worker=1:4" in line for line in lines)
+
+
 def test_time_to_target_matches_numpy_interpolation():
     from scripts.compare_report import time_to
 
