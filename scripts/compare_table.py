@@ -128,7 +128,8 @@ def markdown(result: dict) -> str:
         "up) over the time from the first epoch's end to the last's, as the chief logged them. "
         f"Time to target = seconds of training until the chief's epoch loss first reaches {_num(summary['target_loss'], '{:.3f}')} "
         "(the largest final loss of the all-equal runs, so every mode reaches it; between epoch ends, "
-        "linear). Bytes: hybrid counts the cross-group payloads it really sent; for sync and async "
+        "linear; the emulated runs, shorter, have their own target: "
+        f"{_num(summary.get('target_loss_emulated'), '{:.3f}')}). Bytes: hybrid counts the cross-group payloads it really sent; for sync and async "
         "they are computed from the parameter count (the package counts no bytes there). Async trains "
         "with SGD + momentum, sync and hybrid with Adam (scripts/train.py). With more processes "
         "(chief, ps, workers) than cores the workers share the cores, which caps every ratio to the "
@@ -173,8 +174,11 @@ def plots(result: dict, out_dir: str) -> List[str]:
             if row.get("killed_at_seconds") is not None and row.get("rerun_curve"):
                 t2, l2 = zip(*row["rerun_curve"])
                 ax.plot(t2, l2, "--", marker="x", ms=3, color=colors[label], label=f"{label} rerun")
-        if result["summary"]["target_loss"] is not None:
-            ax.axhline(result["summary"]["target_loss"], color="grey", lw=0.8, ls="--")
+        target = result["summary"].get("target_loss_emulated" if key.startswith("emulated") else "target_loss")
+        if target is not None:
+            ax.axhline(target, color="grey", lw=0.8, ls="--")
+        if key.startswith("kill") or key == "equal":
+            ax.legend(fontsize=7)
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
@@ -187,7 +191,6 @@ def plots(result: dict, out_dir: str) -> List[str]:
         ax.grid(alpha=0.3)
     for row in axes:
         row[0].set_ylabel("training loss (chief, per epoch)")
-    axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Loss against wall-clock time, {result['settings']['workers']} workers, "
                  f"{result['machine']['cores']}-core shared machine (dashed: target loss)", fontsize=10)
     fig.tight_layout()
