@@ -136,7 +136,8 @@ def markdown(result: dict) -> str:
         "sum of individual rates; the emulated-compute runs, whose steps mostly sleep, measure what "
         "the mode itself costs (they run "
         f"{s.get('emulated_epochs', s['epochs'])} epochs). The fault-tolerance cell's extra seconds are the wall-clock time of "
-        "the killed run (and of its rerun, where it stopped) minus the all-equal run's.",
+        "the killed run (and of its rerun, where it stopped) minus the all-equal run's, start-up included; on a shared machine they move by tens of "
+        "seconds.",
     ]
     return "\n".join(lines)
 
