@@ -159,7 +159,9 @@ def run_job(mode: str, *, workers: int, train_flags: Sequence[str], model_dir: s
     log_path = log_path or os.path.join(model_dir, "job.log")
     started_wall = time.time()
     started = time.perf_counter()
-    result = {"started_unix": started_wall, "command": [os.path.relpath(c, REPO) if c.startswith(REPO) else c for c in cmd[-len(train_flags) - 4:]]}
+    shown = [os.path.relpath(c, REPO) if c.startswith(REPO) else c for c in cmd[-len(train_flags) - 4:]]
+    result = {"started_unix": started_wall,
+              "command": [c.replace(metrics_path, "METRICS_FILE").replace(model_dir, "MODEL_DIR") for c in shown]}
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd(),
                                    start_new_session=True, text=True)
