@@ -15,8 +15,8 @@ three conditions:
   kill_ps  (modes on a ps cluster) the parameter server killed the same way;
 
 and, with ``--compute_ms`` > 0, "emulated" equal and slow runs in which every step also waits
-that long (a sleep holding no core, standing for a large model's compute; the slow worker
-waits FACTOR times as long), so that the workers do not compete for the cores and throughput
+that long per --batch_size samples (a sleep holding no core, standing for a large model's
+compute, the same per sample in every mode; the slow worker waits FACTOR times as long), so that the workers do not compete for the cores and throughput
 ratios measure what the mode itself costs. For async, one worker alone (and alone slowed)
 gives the sum of the individual rates that the target compares against.
 
@@ -53,7 +53,8 @@ flags.DEFINE_list("modes", [], "Modes to compare (default: every mode the packag
 flags.DEFINE_list("conditions", ["equal", "slow", "kill", "kill_ps"],
                   "Conditions for the modes: equal, slow, kill, kill_ps (only modes on a ps cluster).")
 flags.DEFINE_float("slow_factor", 4.0, "How many times slower the slow worker runs.")
-flags.DEFINE_float("compute_ms", 50.0, "Emulated compute per step for the emulated runs (0: none).")
+flags.DEFINE_float("compute_ms", 50.0, "Emulated compute of a step on --batch_size samples in the emulated "
+                   "runs (a worker with part of the batch waits that part; 0: no emulated runs).")
 flags.DEFINE_integer("emulated_epochs", 4, "Epochs of the emulated runs (they measure speed; 0: --epochs).")
 flags.DEFINE_list("emulated_conditions", ["equal", "slow"], "Conditions of the emulated runs.")
 flags.DEFINE_list("sweep", [],

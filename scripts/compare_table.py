@@ -99,7 +99,7 @@ def markdown(result: dict) -> str:
         "| speed | " + " | ".join(_speed(cols[c], "", factor) for c in main) + " |",
     ]
     if emulated:
-        lines.append(f"| speed, emulated compute ({s['compute_ms']:g} ms/step) | "
+        lines.append(f"| speed, emulated compute ({s['compute_ms']:g} ms per {s['batch_size']} samples) | "
                      + " | ".join(_speed(cols[c], "emulated ", factor) for c in main) + " |")
     lines += [
         "| convergence | " + " | ".join(_convergence(cols[c], summary["target_loss"]) for c in main) + " |",
@@ -186,7 +186,8 @@ def plots(result: dict, out_dir: str) -> List[str]:
         factor = f"worker 1 {result['settings']['slow_factor']:g}x slow"
         ax.set_title({"equal": "all workers equal", "slow": factor, "kill": "worker 1 killed midway",
                       "kill_ps": "ps killed midway (async)",
-                      "emulated equal": f"emulated compute ({result['settings']['compute_ms']:g} ms/step), equal",
+                      "emulated equal": f"emulated compute ({result['settings']['compute_ms']:g} ms per "
+                      f"{result['settings']['batch_size']} samples), equal",
                       "emulated slow": f"emulated compute, {factor}"}.get(key, key), fontsize=10)
         ax.set_xlabel("seconds since training started")
         ax.grid(alpha=0.3)

@@ -43,8 +43,9 @@ flags.DEFINE_string("data", None,
                     "module:function returning your own (x_train, y_train, x_test, y_test) NumPy arrays "
                     "(float32 features, int32 labels in 0..9) instead of --dataset.")
 flags.DEFINE_float("compute_ms", 0.0,
-                   "Emulated compute for benchmarks: every step also waits this many milliseconds in the "
-                   "input pipeline (a sleep that holds no core), standing for a larger model's compute.")
+                   "Emulated compute for benchmarks: a step on --batch_size samples also waits this many "
+                   "milliseconds in the input pipeline (a sleep that holds no core), standing for a larger "
+                   "model's compute; a worker whose batch is a part of that waits that part of it.")
 flags.DEFINE_string("compute_slow_worker", "",
                     "With --compute_ms: 'INDEX:FACTOR' makes worker INDEX wait FACTOR times as long.")
 
@@ -105,7 +106,8 @@ def _step_waits(dataset, context, async_mode: bool):
     import tensorflow as tf
     from tensorflow.python.data.experimental.ops import testing
 
-    micros = tf.constant(int(FLAGS.compute_ms * 1000), tf.int64)
+    batch = context.get_per_replica_batch_size(FLAGS.batch_size)
+    micros = tf.constant(int(FLAGS.compute_ms * 1000 * batch / FLAGS.batch_size), tf.int64)
     index, _, factor = FLAGS.compute_slow_worker.partition(":")
     if index:
         if async_mode:  # every async worker's input context has id 0
