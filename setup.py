@@ -41,6 +41,8 @@ setup(
         # (scripts/install.sh does): tensorflow-cpu provides the same module.
         "tfkeras": ["tf-keras==2.21.*"],
         "examples": ["scikit-learn"],
-        "test": ["pytest", "pytest-timeout", "psutil", "scikit-learn"],
+        # matplotlib: the compare_modes smoke test draws the plots.
+        "test": ["pytest", "pytest-timeout", "psutil", "scikit-learn", "matplotlib"],
+        "bench": ["matplotlib", "psutil"],
     },
 )

@@ -40,6 +40,19 @@ flags.DEFINE_integer("hidden_units", 128, "Width of the hidden layers.")
 flags.DEFINE_string("model_dir", "runs/train", "Chief-only checkpoints, TensorBoard logs, final model.")
 flags.DEFINE_integer("seed", 0, "Seed for the data split and the initial weights.")
 flags.DEFINE_string("metrics_file", None, "If set, the chief writes the final metrics here as JSON.")
+flags.DEFINE_string("model", None,
+                    "module:function building your own (uncompiled) Keras model instead of the MLP: "
+                    "called as function(num_features, num_classes), under the strategy's scope; "
+                    "the model must end in logits. The module is imported from the working directory.")
+flags.DEFINE_string("data", None,
+                    "module:function returning your own (x_train, y_train, x_test, y_test) NumPy arrays "
+                    "(float32 features, int32 labels in 0..9) instead of --dataset.")
+flags.DEFINE_float("compute_ms", 0.0,
+                   "Emulated compute for benchmarks: a step on --batch_size samples also waits this many "
+                   "milliseconds in the input pipeline (a sleep that holds no core), standing for a larger "
+                   "model's compute; a worker whose batch is a part of that waits that part of it.")
+flags.DEFINE_string("compute_slow_worker", "",
+                    "With --compute_ms: 'INDEX:FACTOR' makes worker INDEX wait FACTOR times as long.")
 
 FLAGS = flags.FLAGS
 NUM_CLASSES = 10
@@ -49,6 +62,10 @@ def load_data(seed: int):
     """(x_train, y_train, x_test, y_test) as float32 / int32 numpy arrays."""
     import numpy as np
 
+    if FLAGS.data:
+        x_train, y_train, x_test, y_test = _import_hook("--data", FLAGS.data)()
+        return (np.asarray(x_train, "float32"), np.asarray(y_train, "int32"),
+                np.asarray(x_test, "float32"), np.asarray(y_test, "int32"))
     if FLAGS.dataset == "digits":
         from sklearn.datasets import load_digits
 
@@ -70,10 +87,65 @@ def load_data(seed: int):
     return x[train], y[train], x[test], y[test]
 
 
+def _import_hook(flag: str, spec: str):
+    """The function `spec` ('module:function') names; bad specs are a ConfigError."""
+    import importlib
+
+    module_name, _, function_name = spec.partition(":")
+    fix = f"give {flag}=module:function with the module importable from the working directory"
+    if not module_name or not function_name:
+        raise ConfigError("flag", flag, f"{spec!r} is not module:function", fix)
+    sys.path.insert(0, os.getcwd())
+    try:
+        function = getattr(importlib.import_module(module_name), function_name, None)
+    except ImportError as error:
+        raise ConfigError("flag", flag, f"cannot import {module_name!r} ({error})", fix) from None
+    if not callable(function):
+        raise ConfigError("flag", flag, f"{module_name} has no function {function_name!r}", fix)
+    return function
+
+
+def _step_waits(dataset, context, async_mode: bool):
+    """--compute_ms: each batch waits that long (FACTOR times on --compute_slow_worker), in
+    TensorFlow's own sleep dataset (tf.data's testing transformation: no public API has it)."""
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing
+
+    batch = context.get_per_replica_batch_size(FLAGS.batch_size)
+    micros = tf.constant(int(FLAGS.compute_ms * 1000 * batch / FLAGS.batch_size), tf.int64)
+    index, _, factor = FLAGS.compute_slow_worker.partition(":")
+    if index:
+        if async_mode:  # every async worker's input context has id 0
+            try:
+                worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+            except RuntimeError:  # on the chief, which builds a sample batch to build the model
+                worker = -1
+        else:
+            worker = context.input_pipeline_id
+        slow = tf.cast(tf.equal(tf.cast(worker, tf.int64), int(index)), tf.float64)
+        micros = tf.cast(tf.cast(micros, tf.float64) * (1.0 + slow * (float(factor) - 1.0)), tf.int64)
+    return dataset.apply(testing.sleep(micros))
+
+
+def _check_compute_flags() -> None:
+    if not FLAGS.compute_slow_worker:
+        return
+    index, _, factor = FLAGS.compute_slow_worker.partition(":")
+    try:
+        valid = int(index) >= 0 and float(factor) >= 1.0
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ConfigError("flag", "--compute_slow_worker", f"{FLAGS.compute_slow_worker!r} is not accepted",
+                          "use INDEX:FACTOR with INDEX >= 0 and FACTOR >= 1, e.g. 1:4")
+
+
 def build_model(num_features: int):
     from tfsyncmodes.keras.compat import keras
 
     keras.utils.set_random_seed(FLAGS.seed)
+    if FLAGS.model:
+        return _import_hook("--model", FLAGS.model)(num_features, NUM_CLASSES)
     return keras.Sequential([
         keras.Input((num_features,)),
         keras.layers.Dense(FLAGS.hidden_units, activation="relu"),
@@ -84,6 +156,10 @@ def build_model(num_features: int):
 
 def main(argv):
     del argv
+    _check_compute_flags()
+    for flag, spec in (("--model", FLAGS.model), ("--data", FLAGS.data)):
+        if spec:
+            _import_hook(flag, spec)  # a bad hook fails here, before any TensorFlow work
     import numpy as np
     import tensorflow as tf
 
@@ -119,7 +195,10 @@ def main(argv):
         dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
         dataset = dataset.shuffle(len(x_train), seed=FLAGS.seed + context.input_pipeline_id)
         batch = context.get_per_replica_batch_size(FLAGS.batch_size)
-        return dataset.repeat().batch(batch, drop_remainder=True).prefetch(2)
+        dataset = dataset.repeat().batch(batch, drop_remainder=True).prefetch(2)
+        if FLAGS.compute_ms > 0:
+            dataset = _step_waits(dataset, context, strategy.mode == "async")
+        return dataset
 
     with strategy.scope():
         model = build_model(x_train.shape[1])
@@ -137,7 +216,7 @@ def main(argv):
             jit_compile=False,
         )
     model_dir = os.path.join(FLAGS.model_dir, strategy.mode)
-    started = time.perf_counter()
+    started, started_unix = time.perf_counter(), time.time()
     history = strategy.fit(model, dataset_fn, epochs=FLAGS.epochs, steps_per_epoch=steps_per_epoch,
                            callbacks=strategy.callbacks(model_dir))
     seconds = time.perf_counter() - started
@@ -156,8 +235,11 @@ def main(argv):
             "losses": [float(v) for v in history.history.get("loss", [])],
             "final_loss": float(history.history["loss"][-1]) if history.history.get("loss") else None,
             "test_accuracy": accuracy, "train_seconds": round(seconds, 3),
+            "params": int(model.count_params()), "batch_size": FLAGS.batch_size,
+            "steps_per_epoch": steps_per_epoch, "fit_started_unix": started_unix,
         }
-        for key in ("staleness_mean", "staleness_max", "staleness", "bytes_sent", "compression_ratio"):
+        for key in ("staleness_mean", "staleness_max", "staleness", "bytes_sent", "compression_ratio",
+                    "cross_group_lag"):
             if key in history.history:
                 metrics[key] = [float(v) for v in history.history[key]]
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)
