@@ -23,25 +23,17 @@ TRAIN = os.path.join(REPO, "scripts", "train.py")
 
 
 def accepted_values(key: str) -> List[str]:
-    """The values the package accepts for knob `key` (mode, compression, cross_group).
-
-    The one place that knows where the package keeps them: a ``choices`` attribute on the knob
-    or its parser if it has one (a registry), else the tuple of strings the choice parser
-    closes over. Every value is checked with the knob's own parser.
+    """The values the package accepts for knob `key` (mode, compression, cross_group): the
+    names registered in :mod:`tfsyncmodes.registry`, as the knob's parser reads them. Every value
+    is checked with the knob's own parser.
     """
     from tfsyncmodes import config
 
     knob = config.KNOBS_BY_KEY[key]
-    for holder in (knob, knob.parse):
-        choices = getattr(holder, "choices", None)
-        if choices:
-            break
-    else:
-        cells = [c.cell_contents for c in (getattr(knob.parse, "__closure__", None) or ())]
-        tuples = [c for c in cells if isinstance(c, (tuple, list)) and c and all(isinstance(v, str) for v in c)]
-        choices = tuples[0] if tuples else ()
-    if callable(choices):
-        choices = choices()
+    choices = getattr(knob.parse, "choices", None)
+    if choices is None:
+        raise RuntimeError(f"knob {key!r} takes no fixed set of values")
+    choices = choices()
     values = [str(v) for v in choices]
     for value in values:
         knob.parse(value)  # raises if the package no longer takes it

@@ -20,9 +20,9 @@ sys.path.insert(0, REPO)
 
 def test_modes_and_policies_come_from_the_package():
     from scripts import comparelib
-    from tfsyncmodes import config
+    from tfsyncmodes import config, registry
 
-    assert comparelib.accepted_values("mode") == list(config.MODES)
+    assert comparelib.accepted_values("mode") == list(registry.MODES.names())
     for key in ("compression", "cross_group"):
         values = comparelib.accepted_values(key)
         assert config.KNOBS_BY_KEY[key].default in values
@@ -32,7 +32,7 @@ def test_modes_and_policies_come_from_the_package():
 
 def test_plan_has_every_mode_and_swept_policy():
     from scripts import comparelib
-    from tfsyncmodes import config
+    from tfsyncmodes import config, registry
 
     result = subprocess.run([sys.executable, SCRIPT, "--dry_run", "--sweep=compression,cross_group",
                              "--variant=hybrid-s8=hybrid:staleness=8", "--conditions=equal,slow,kill_ps"],
@@ -43,7 +43,7 @@ def test_plan_has_every_mode_and_swept_policy():
     swept = {f"hybrid {key}={value}" for key in ("compression", "cross_group")
              for value in comparelib.accepted_values(key)
              if value != config.KNOBS_BY_KEY[key].default}
-    assert columns == set(config.MODES) | swept | {"hybrid-s8"}
+    assert columns == set(registry.MODES.names()) | swept | {"hybrid-s8"}
     assert any("hybrid-s8 / equal" in line and "--staleness=8" in line for line in lines)
     # kill_ps only where there is a ps; the async individual rates come with the slow condition
     assert [line.split("] ", 1)[1].split(":")[0] for line in lines if "kill_ps" in line] == ["async / kill_ps"]

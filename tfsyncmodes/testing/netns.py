@@ -201,6 +201,7 @@ class HostBed:
             namespace = f"{PREFIX}{self.owner}-h{index}"
             outer = f"tfsv{self.owner}h{index}"[:15]
             address = f"{SUBNET}.{index + 1}"
+            _ip("link", "del", outer, check=False)  # a pair an earlier bed of this process left
             _ip("netns", "add", namespace)
             self.hosts.append(Host(index, namespace, address))
             os.makedirs(os.path.join(ETC_NETNS, namespace), exist_ok=True)
@@ -236,6 +237,8 @@ class HostBed:
             return
         self._closed = True
         for host in self.hosts:
+            # Deleting one end removes the pair now; a namespace's own removal may lag.
+            _ip("link", "del", f"tfsv{self.owner}h{host.index}"[:15], check=False)
             _delete_namespace(host.namespace)
         _ip("link", "del", self.bridge, check=False)
         try:
