@@ -1,4 +1,4 @@
 """Gradient exchange: the parts each mode chains (see :mod:`tfsyncmodes.exchange.base`)."""
-from tfsyncmodes.exchange.base import Chain, Exchange, Part, chain
+from tfsyncmodes.exchange.base import Chain, Exchange, Part
 
-__all__ = ["Chain", "Exchange", "Part", "chain"]
+__all__ = ["Chain", "Exchange", "Part"]

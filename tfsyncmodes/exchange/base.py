@@ -123,15 +123,7 @@ class Chain(Part):
         return [p for p in self.parts() if isinstance(p, kind)]
 
 
-Exchange = Chain
-
-
-def chain(*parts: Part) -> Chain:
-    return Chain(*parts)
-
-
-# Kept as a name for parts that act on gradients only.
-GradientTransform = Part
+Exchange = Chain  # what a wrapped optimizer runs: a Chain of parts
 
 
 def densify(grad):

@@ -1,6 +1,6 @@
 """Builds hybrid mode's exchange from the config and the strategy's groups.
 
-    hybrid = chain(
+    hybrid = Chain(
         HorovodAllreduce(group process set),     # dense group mean, every step
         <cross-group policy>(config, link))      # --cross_group, looked up in CROSS_GROUP
 
