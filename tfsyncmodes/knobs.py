@@ -105,6 +105,12 @@ def _rank_groups(value: Any) -> str:
     return ";".join(",".join(str(int(str(r).strip())) for r in g) for g in groups)
 
 
+def _schedule(value: Any) -> str:
+    from tfsyncmodes import schedule  # registry-only import, no TensorFlow
+
+    return schedule.parse(value)
+
+
 def _slow_worker(value: Any) -> str:
     text = str(value).strip()
     if not text:
@@ -127,6 +133,10 @@ KNOBS: Tuple[Knob, ...] = (
          "Engine for sync mode. auto: horovod under horovodrun, multi_worker with a TF_CONFIG "
          "of several workers, mirrored otherwise.",
          modes=("sync",)),
+    Knob("mode_schedule", "mode_schedule", "", _schedule,
+         "Run through several modes, e.g. 'sync:10%,hybrid:80%,sync' or 'sync:2e,async': phases "
+         "of MODE:LENGTH, LENGTH a percentage of the steps, epochs (2e) or steps; the last phase "
+         "may omit it. Empty: the whole run in sync_mode."),
     Knob("collective_timeout", "sync_collective_timeout", 300.0, _number(float, 1.0, 86400.0),
          "Seconds a collective operation may wait for peers before the run fails instead of "
          "hanging."),
