@@ -32,6 +32,7 @@ import pytest
 
 from tests.conftest import PYTHON, REPO, WORKERS, clean_env
 from tfsyncmodes import config
+from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.testing import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
@@ -131,21 +132,28 @@ def test_defaults_keep_todays_chain():
     assert not chain.find(StaleUpdateDrop) and not chain.find(DelayCompensation)
 
 
-@pytest.mark.parametrize("flag, words", [
-    ("--max_staleness=-2", ["max_staleness", "-2", "[-1,"]),
-    ("--max_staleness=two", ["max_staleness", "'two'"]),
-    ("--delay_compensation=-0.1", ["delay_compensation", "-0.1"]),
-    ("--delay_compensation=lots", ["delay_compensation", "'lots'"]),
+@pytest.mark.parametrize("key, value, words", [
+    ("max_staleness", "-2", ["-2 is out of range", "[-1,"]),
+    ("max_staleness", "two", ["'two' is not a int"]),
+    ("delay_compensation", "-0.1", ["-0.1 is out of range", "[0.0,"]),
+    ("delay_compensation", "lots", ["'lots' is not a float"]),
 ])
+def test_bad_values_name_source_field_and_fix(key, value, words):
+    with pytest.raises(ConfigError) as raised:
+        config.resolve(environ={f"TFSYNC_{key.upper()}": value, "TFSYNC_MODE": "async"}, use_flags=False)
+    message = str(raised.value)
+    assert message.startswith(f"environment: TFSYNC_{key.upper()}: "), message
+    assert all(w in message for w in words), message
+
+
 @pytest.mark.timeout(120)
-def test_bad_values_are_one_line_and_exit_2(flag, words):
-    result = localrun.run([PYTHON, TRAIN, "--sync_mode=async", "--epochs=1", flag], timeout=90,
-                          env=clean_env(), cwd=REPO)
+def test_a_bad_value_on_the_command_line_is_one_line_and_exit_2():
+    result = localrun.run([PYTHON, TRAIN, "--sync_mode=async", "--epochs=1", "--max_staleness=-2"],
+                          timeout=100, env=clean_env(), cwd=REPO)
     assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-3000:])
     assert "Traceback" not in result.stderr
     errors = [l for l in result.stderr.splitlines() if l.startswith("tfsyncmodes: error:")]
-    assert len(errors) == 1, result.stderr[-3000:]
-    assert all(w in errors[0] for w in words), errors[0]
+    assert len(errors) == 1 and "max_staleness" in errors[0] and "-2" in errors[0], result.stderr[-3000:]
 
 
 # --- real PS clusters ----------------------------------------------------------------------
