@@ -229,7 +229,7 @@ def test_ssp_drop_and_delay_compensation_on_a_real_cluster_equal_numpy(tmp_path,
     fit = np.load(tmp_path / "fit.npz")
     counts = fit["counts"]  # [epoch, staleness] updates, recorded on their own
     assert counts.sum() == int(fit["steps"]) == int(fit["iterations"])
-    stale = counts[:, BOUND + 1:].sum(axis=1)
+    stale = counts[:, int(fit["bound"]) + 1:].sum(axis=1)
     # The History's count per epoch is exactly the updates staler than the bound.
     np.testing.assert_array_equal(fit["dropped"], stale)
     assert 0 < stale.sum() < counts.sum(), counts  # updates really were stale, not all of them

@@ -14,7 +14,7 @@ under the SSP bound and DC-ASGD, saved as NumPy files. The knobs come from the e
   the read could run before the wait and the write after, losing the fresh steps' velocity.
   The weights after every round are saved.
 * ``fit``: ``strategy.fit`` (Keras 3: the fit-like loop; tf_keras: ``model.fit``) for EPOCHS
-  epochs with the cluster's ``--slow_worker``; every update's staleness is saved (Keras 3: the
+  epochs with the cluster's ``--slow_worker`` and ``max_staleness=0``; every update's staleness is saved (Keras 3: the
   loop's fetched step results; tf_keras: a histogram on the parameter server, added to with
   ``scatter_add``, read at each epoch's end), with the History's ``dropped_updates``.
 """
@@ -29,7 +29,7 @@ from tests import reference  # noqa: E402
 
 LR, MOMENTUM = 0.1, 0.5
 ROUNDS = (0, 2, 1, 3, 2, 0, 4, 1)  # fresh updates landing while each stale step waits
-FIT_EPOCHS, FIT_STEPS, FIT_FEATURES, FIT_BATCH, HIST = 2, 30, 64, 128, 64
+FIT_EPOCHS, FIT_STEPS, FIT_FEATURES, FIT_BATCH, HIST, FIT_BOUND = 2, 30, 64, 128, 64, 0
 
 
 def flat_weights(model):
@@ -123,6 +123,7 @@ def fit(strategy, outdir):
     import tensorflow as tf
 
     import tfsyncmodes
+    import tfsyncmodes.config
     from tfsyncmodes.keras import compat
     from tfsyncmodes.keras.compat import keras
 
@@ -151,7 +152,9 @@ def fit(strategy, outdir):
         layers = [keras.Input((FIT_FEATURES,)), keras.layers.Dense(512, activation="relu"),
                   keras.layers.Dense(8)]
         model = Recorded(layers) if compat.LEGACY else keras.Sequential(layers)
-        model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.SGD(0.001), "async"), loss="mse")
+        # Bound 0 here: every update another one overtook is dropped.
+        knobs = tfsyncmodes.config.resolve({"mode": "async", "max_staleness": FIT_BOUND}, use_flags=False)
+        model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.SGD(0.001), config=knobs), loss="mse")
 
     per_epoch = []
     if compat.LEGACY:
@@ -179,7 +182,8 @@ def fit(strategy, outdir):
         counts = np.stack([np.bincount(np.minimum(s, HIST - 1), minlength=HIST) for s in per_epoch])
     np.savez(os.path.join(outdir, "fit.npz"), counts=counts,
              dropped=np.array(history.history["dropped_updates"]),
-             iterations=int(np.asarray(model.optimizer.iterations)), steps=FIT_EPOCHS * FIT_STEPS)
+             iterations=int(np.asarray(model.optimizer.iterations)), steps=FIT_EPOCHS * FIT_STEPS,
+             bound=FIT_BOUND)
 
 
 def main(outdir, scenarios):
