@@ -15,14 +15,15 @@
     momentum, the SSP drop, DC-ASGD, 1/(1+s)) and must reach the same weights after every
     round, and the same dropped count.
   - ``fit``: the library's own training loop (Keras 3: the fit-like loop; tf_keras:
-    ``model.fit``) with worker 1 slowed 4x, so updates are really stale in an order nobody
-    controls. Each update's staleness is recorded on the parameter server (a histogram, with
+    ``model.fit``) with worker 1 slowed 4x and a bound of 0, so updates are really stale in an
+    order nobody controls. Each update's staleness is recorded on the parameter server (a histogram, with
     the variable's atomic ``scatter_add``), and the History's ``dropped_updates`` must sum to
     exactly the number of updates staler than the bound. Its weights are not replayed: each
     variable is read and written over gRPC separately, so which update's writes a concurrent
     read saw, variable by variable and against the forward pass's own reads, is not
     observable, and momentum's slot update is a read-modify-write that concurrent workers can
-    interleave; the controlled schedule is where the numbers are checked.
+    interleave (the schedule has to make the stale step's whole update wait for the release
+    for that reason); the controlled schedule is where the numbers are checked.
 """
 import json
 import os

@@ -13,10 +13,12 @@ under the SSP bound and DC-ASGD, saved as NumPy files. The knobs come from the e
   Keras' momentum update reads its slot with no dependency on the gradient, so without that
   the read could run before the wait and the write after, losing the fresh steps' velocity.
   The weights after every round are saved.
-* ``fit``: ``strategy.fit`` (Keras 3: the fit-like loop; tf_keras: ``model.fit``) for EPOCHS
-  epochs with the cluster's ``--slow_worker`` and ``max_staleness=0``; every update's staleness is saved (Keras 3: the
-  loop's fetched step results; tf_keras: a histogram on the parameter server, added to with
-  ``scatter_add``, read at each epoch's end), with the History's ``dropped_updates``.
+* ``fit``: the library's training loop (Keras 3: ``fit_loop`` with its ``CoordinatorRunner``,
+  subclassed only to keep the fetched step results; tf_keras: ``strategy.fit``, i.e.
+  ``model.fit``) for FIT_EPOCHS epochs with the cluster's ``--slow_worker`` and
+  ``max_staleness=0``; every update's staleness is saved (Keras 3: the fetched step results;
+  tf_keras: a histogram on the parameter server, added to with ``scatter_add``, read at each
+  epoch's end), with the History's ``dropped_updates``.
 """
 import os
 import sys
