@@ -16,16 +16,16 @@
     round, and the same dropped count.
   - ``fit``: the library's own training loop (Keras 3: the fit-like loop; tf_keras:
     ``model.fit``) with worker 1 slowed 4x and a bound of 0, so updates are really stale in an
-    order nobody controls. Each update's staleness is recorded on the parameter server (a histogram, with
-    the variable's atomic ``scatter_add``), and the History's ``dropped_updates`` must sum to
-    exactly the number of updates staler than the bound. Its weights are not replayed: each
+    order nobody controls. Each update's staleness is recorded on its own (Keras 3: the step
+    results the loop fetches; tf_keras: a histogram on the parameter server, added to with the
+    variable's atomic ``scatter_add``), and each epoch's ``dropped_updates`` in the History
+    must equal exactly that epoch's number of updates staler than the bound. Its weights are not replayed: each
     variable is read and written over gRPC separately, so which update's writes a concurrent
     read saw, variable by variable and against the forward pass's own reads, is not
     observable, and momentum's slot update is a read-modify-write that concurrent workers can
     interleave (the schedule has to make the stale step's whole update wait for the release
     for that reason); the controlled schedule is where the numbers are checked.
 """
-import json
 import os
 
 import numpy as np
