@@ -239,7 +239,7 @@ def main(argv):
             "steps_per_epoch": steps_per_epoch, "fit_started_unix": started_unix,
         }
         for key in ("staleness_mean", "staleness_max", "staleness", "bytes_sent", "compression_ratio",
-                    "cross_group_lag"):
+                    "cross_group_lag", "dropped_updates"):
             if key in history.history:
                 metrics[key] = [float(v) for v in history.history[key]]
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)

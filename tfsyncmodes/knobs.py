@@ -164,6 +164,14 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("momentum", "momentum", 0.9, _number(float, 0.0, 0.999),
          "Async: momentum of the SGD optimizer scripts/train.py uses in async mode.",
          modes=("async",)),
+    Knob("max_staleness", "max_staleness", -1, _number(int, -1, 1 << 30),
+         "Async: drop (scale to zero) an update staler than this many updates, as the SSP "
+         "bound; the count is logged as dropped_updates (-1: off; 0: keep only fresh updates).",
+         modes=("async",)),
+    Knob("delay_compensation", "delay_compensation", 0.0, _number(float, 0.0, 1e3),
+         "Async: DC-ASGD, correct each gradient g computed on weights w_read and applied to "
+         "w_now with g + LAMBDA * g * g * (w_now - w_read) (0: off; the paper uses 0.04).",
+         modes=("async",)),
     # --- hybrid knobs ---
     Knob("group_size", "group_size", 0, _number(int, 0, 1 << 20),
          "Hybrid: ranks 0..S-1 form group 0, S..2S-1 group 1, ... (0: one group per host).",

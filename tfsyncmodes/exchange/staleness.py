@@ -9,7 +9,9 @@ computed on old variables:
 - :class:`ClipByGlobalNorm` bounds the size of any one update;
 - :class:`StalenessScaling` multiplies an update by ``1 / (1 + staleness)``, where staleness
   is how many other updates landed between this worker's read of the variables and its write;
-- :class:`InverseTimeDecay` multiplies by ``1 / (1 + decay * step)``.
+- :class:`InverseTimeDecay` multiplies by ``1 / (1 + decay * step)``;
+- :mod:`~tfsyncmodes.exchange.remedies` has the SSP drop (``max_staleness``) and DC-ASGD's
+  delay compensation (``delay_compensation``).
 
 The two scalings act on the gradient, which is the same as scaling the learning rate for SGD
 with or without momentum, the optimizers async training uses; adaptive optimizers (Adam and
@@ -126,11 +128,27 @@ class InverseTimeDecay(Part):
 
 
 def async_exchange(config, version: Optional[StepVersion] = None) -> Chain:
-    """The version record, then the remedies `config` switches on, in order: clip, then scale."""
+    """The version record, then the remedies `config` switches on, in this order:
+
+    1. delay compensation (DC-ASGD): it estimates the gradient at the weights the update is
+       applied to, so every later remedy acts on that estimate, as on a fresh gradient;
+    2. clip by global norm: bounds what is applied, compensation term included;
+    3. the SSP drop (``max_staleness``): an update staler than the bound becomes zero;
+    4. the scalings, 1/(1+staleness) then inverse-time decay (products, so their order and
+       the drop's do not change the result);
+
+    then the inner optimizer's update (momentum acts on the gradient the chain hands it).
+    """
+    from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
+
     version = version if version is not None else StepVersion(config)
     parts = [version]
+    if config.delay_compensation > 0:
+        parts.append(DelayCompensation(config.delay_compensation))
     if config.clip_norm > 0:
         parts.append(ClipByGlobalNorm(config.clip_norm))
+    if config.max_staleness >= 0:
+        parts.append(StaleUpdateDrop(config.max_staleness, version))
     if config.staleness_aware_lr:
         parts.append(StalenessScaling(version))
     if config.lr_decay > 0:

@@ -6,22 +6,30 @@ tf_keras reads each epoch's logs from the model's metrics (updated by every work
 atomic ``assign_add`` on the parameter servers) only when the step's logs have the same keys
 as ``model.get_metrics_result()``; otherwise it falls back to whichever step it fetched last,
 which under concurrent workers misses the updates that landed after it. The step's
-``staleness`` is therefore kept in a variable too and reported by ``get_metrics_result``.
+``staleness`` is therefore kept in a variable too and reported by ``get_metrics_result``, and
+so is the epoch's count of updates dropped by ``--max_staleness`` (``dropped_updates``).
 """
 from __future__ import annotations
 
 import tensorflow as tf
 import tf_keras
+from absl import logging
 
 
 def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verbose):
     optimizer = model.optimizer
     if not hasattr(optimizer, "begin_step"):
         raise TypeError("async training needs the optimizer from tfsyncmodes.wrap(optimizer, 'async')")
+    from tfsyncmodes.exchange.remedies import StaleUpdateDrop
+
     original_train_step = model.train_step
     original_metrics_result = model.get_metrics_result
+    original_reset_metrics = model.reset_metrics
+    bounded = bool(optimizer.exchange.find(StaleUpdateDrop))  # --max_staleness is set
     with strategy.scope():
         last_staleness = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfsync_last_staleness")
+        # The epoch's dropped updates, added to atomically on the ps by every worker's step.
+        epoch_dropped = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfsync_epoch_dropped")
 
     def train_step(data):
         read = optimizer.begin_step()
@@ -30,15 +38,29 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
         staleness = tf.cast(optimizer.step_staleness, tf.int64)
         with tf.control_dependencies([last_staleness.assign(staleness)]):
             logs["staleness"] = tf.identity(staleness)
+        if bounded:
+            dropped = tf.cast(optimizer.exchange.step_logs()["dropped"], tf.int64)
+            with tf.control_dependencies([epoch_dropped.assign_add(dropped, read_value=False)]):
+                logs["dropped_updates"] = tf.identity(dropped)
         return logs
 
     def get_metrics_result():
         results = original_metrics_result()
         results["staleness"] = last_staleness.read_value()
+        if bounded:
+            results["dropped_updates"] = epoch_dropped.read_value()
+        if bounded and tf.executing_eagerly():  # fit reading the epoch's logs, not a step
+            logging.info("dropped %d updates staler than max_staleness this epoch",
+                         int(results["dropped_updates"]))
         return results
+
+    def reset_metrics():  # at the start of every epoch, once the last one's steps are done
+        original_reset_metrics()
+        epoch_dropped.assign(0)
 
     model.train_step = train_step
     model.get_metrics_result = get_metrics_result
+    model.reset_metrics = reset_metrics
     try:
         return model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=epochs,
                          steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
@@ -46,3 +68,4 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
     finally:
         del model.train_step
         del model.get_metrics_result
+        del model.reset_metrics

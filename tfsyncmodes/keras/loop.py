@@ -134,10 +134,16 @@ class CoordinatorRunner(StepRunner):
         self._optimizer = model.optimizer
         self._pending = []
         self._count_at_epoch_start = None
+        from tfsyncmodes.exchange.remedies import dropped_counter
+
+        self._dropped = dropped_counter(self._optimizer)  # None unless --max_staleness is set
+        self._dropped_at_epoch_start = 0
 
     def step(self):
         if self._count_at_epoch_start is None:
             self._count_at_epoch_start = int(np.asarray(self._optimizer.iterations))
+            if self._dropped is not None:
+                self._dropped_at_epoch_start = int(np.asarray(self._dropped))
         self._pending.append(self.strategy.coordinator.schedule(self._worker_function, args=(self._iterator,)))
         return {}
 
@@ -161,6 +167,11 @@ class CoordinatorRunner(StepRunner):
         logs = {key: _to_float(value) for key, value in self._model.get_metrics_result().items()}
         logs.update(staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
                     steps=float(len(results)))
+        if self._dropped is not None:
+            # The exact count: the parameter-server counter every dropped update increments.
+            dropped = int(np.asarray(self._dropped)) - self._dropped_at_epoch_start
+            logs["dropped_updates"] = float(dropped)
+            logging.info("dropped %d of %d updates staler than max_staleness", dropped, len(results))
         return logs
 
 

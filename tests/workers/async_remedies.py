@@ -1,0 +1,202 @@
+"""Chief of a real PS cluster (2 workers, 1 ps) for tests/test_async_remedies.py: stale updates
+under the SSP bound and DC-ASGD, saved as NumPy files. The knobs come from the environment
+(TFSYNC_MAX_STALENESS, TFSYNC_DELAY_COMPENSATION); runs under Keras 3 and tf_keras.
+
+    python -m tfsyncmodes.launch --workers 2 --ps 1 -- python async_remedies.py OUTDIR SCENARIO...
+
+* ``schedule``: rounds of one *stale* step and k *fresh* steps, ordered through two variables
+  on the parameter server. The stale step reads the variables and computes its gradient,
+  raises ``gate`` to the round's number, and waits until the chief raises ``release``; the
+  fresh steps (on the other worker, the stale one being busy) wait for ``gate``, then read,
+  compute and write one by one; once all k have returned, the chief raises ``release`` and the
+  stale step writes, k updates late. The stale step's whole update waits for the release:
+  Keras' momentum update reads its slot with no dependency on the gradient, so without that
+  the read could run before the wait and the write after, losing the fresh steps' velocity.
+  The weights after every round are saved.
+* ``fit``: the library's training loop (Keras 3: ``fit_loop`` with its ``CoordinatorRunner``,
+  subclassed only to keep the fetched step results; tf_keras: ``strategy.fit``, i.e.
+  ``model.fit``) for FIT_EPOCHS epochs with the cluster's ``--slow_worker`` and
+  ``max_staleness=0``; every update's staleness is saved (Keras 3: the fetched step results;
+  tf_keras: a histogram on the parameter server, added to with ``scatter_add``, read at each
+  epoch's end), with the History's ``dropped_updates``.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+
+from tests import reference  # noqa: E402
+
+LR, MOMENTUM = 0.1, 0.5
+ROUNDS = (0, 2, 1, 3, 2, 0, 4, 1)  # fresh updates landing while each stale step waits
+FIT_EPOCHS, FIT_STEPS, FIT_FEATURES, FIT_BATCH, HIST, FIT_BOUND = 2, 30, 64, 128, 64, 0
+
+
+def flat_weights(model):
+    return np.concatenate([np.ravel(np.asarray(w)) for w in model.get_weights()])
+
+
+def schedule(strategy, outdir):
+    import tensorflow as tf
+
+    import tfsyncmodes
+    from tfsyncmodes.exchange.remedies import dropped_counter
+    from tfsyncmodes.keras import compat
+    from tfsyncmodes.keras.compat import keras
+
+    steps = len(ROUNDS) + sum(ROUNDS)
+    x, y = (a[:, 0] for a in reference.linear_data(steps, 1, seed=11))  # [steps, BATCH, ...]
+    with strategy.scope():
+        keras.utils.set_random_seed(7)
+        model = keras.Sequential([keras.Input((reference.FEATURES,)), keras.layers.Dense(reference.OUTPUTS)])
+        optimizer = tfsyncmodes.wrap(keras.optimizers.SGD(LR, momentum=MOMENTUM), "async")
+        optimizer.build(model.trainable_variables)
+        gate = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        release = tf.Variable(-1, dtype=tf.int64, trainable=False)
+    per_example = keras.losses.MeanSquaredError(reduction="none")
+    x_all, y_all = tf.constant(x), tf.constant(y)
+
+    def gradients(index):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(per_example(tf.gather(y_all, index), model(tf.gather(x_all, index))))
+        return tape.gradient(loss, model.trainable_variables)
+
+    def apply(grads):
+        if compat.LEGACY:
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        else:
+            optimizer.apply(grads, model.trainable_variables)
+        return optimizer.step_staleness
+
+    def wait_until(variable, value):
+        (polls,) = tf.while_loop(lambda i: variable.read_value() < value, lambda i: i + 1,
+                                 [tf.constant(0, tf.int64)])
+        return polls
+
+    def stale_step(index, number):
+        read = optimizer.begin_step()
+        with tf.control_dependencies([read]):
+            grads = gradients(index)
+        with tf.control_dependencies(grads):
+            opened = gate.assign(number, read_value=False)
+        with tf.control_dependencies([opened]):
+            waited = wait_until(release, number)
+        # The write and every read it makes (the version, the weights, the momentum slot)
+        # after the release: ops made in this block all wait for it.
+        with tf.control_dependencies([waited]):
+            return apply([tf.identity(g) for g in grads])
+
+    def fresh_step(index, number):
+        with tf.control_dependencies([wait_until(gate, number)]):
+            read = optimizer.begin_step()
+        with tf.control_dependencies([read]):
+            grads = gradients(index)
+        return apply(grads)
+
+    stale_fn = tf.function(lambda i, n: strategy.run(stale_step, args=(i, n)))
+    fresh_fn = tf.function(lambda i, n: strategy.run(fresh_step, args=(i, n)))
+    coordinator = strategy.coordinator
+    weights, staleness = [flat_weights(model)], []
+    index = 0
+    for number, fresh in enumerate(ROUNDS):
+        number = tf.constant(number, tf.int64)
+        stale = coordinator.schedule(stale_fn, args=(tf.constant(index, tf.int64), number))
+        index += 1
+        others = []
+        for _ in range(fresh):
+            others.append(coordinator.schedule(fresh_fn, args=(tf.constant(index, tf.int64), number)))
+            index += 1
+        fresh_staleness = [int(np.asarray(r.fetch())) for r in others]
+        release.assign(number)
+        staleness.append((int(np.asarray(stale.fetch())), fresh_staleness))
+        weights.append(flat_weights(model))
+    kernel, bias = (np.asarray(w) for w in model.get_weights())
+    np.savez(os.path.join(outdir, "schedule.npz"), x=x, y=y, w=np.stack(weights), rounds=np.array(ROUNDS),
+             stale_staleness=np.array([s for s, _ in staleness]),
+             fresh_staleness=np.array([f for _, fs in staleness for f in fs], dtype=np.int64),
+             dropped=int(np.asarray(dropped_counter(optimizer))),
+             iterations=int(np.asarray(optimizer.iterations)), kernel_shape=kernel.shape,
+             lr=LR, momentum=MOMENTUM)
+
+
+def fit(strategy, outdir):
+    import tensorflow as tf
+
+    import tfsyncmodes
+    import tfsyncmodes.config
+    from tfsyncmodes.keras import compat
+    from tfsyncmodes.keras.compat import keras
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((FIT_BATCH * 4, FIT_FEATURES)).astype("float32")
+    y = rng.standard_normal((FIT_BATCH * 4, 8)).astype("float32")
+
+    def dataset_fn(context):
+        del context
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(FIT_BATCH)
+
+    with strategy.scope():
+        histogram = tf.Variable(tf.zeros([HIST], tf.int64), trainable=False)
+
+    class Recorded(keras.Sequential):
+        """tf_keras: each update's staleness into a histogram on the parameter server."""
+
+        def train_step(self, data):
+            logs = super().train_step(data)
+            bucket = tf.reshape(tf.minimum(tf.cast(self.optimizer.step_staleness, tf.int64), HIST - 1), [1])
+            histogram.scatter_add(tf.IndexedSlices(tf.ones([1], tf.int64), bucket))
+            return logs
+
+    with strategy.scope():
+        keras.utils.set_random_seed(3)
+        layers = [keras.Input((FIT_FEATURES,)), keras.layers.Dense(512, activation="relu"),
+                  keras.layers.Dense(8)]
+        model = Recorded(layers) if compat.LEGACY else keras.Sequential(layers)
+        # Bound 0 here: every update another one overtook is dropped.
+        knobs = tfsyncmodes.config.resolve({"mode": "async", "max_staleness": FIT_BOUND}, use_flags=False)
+        model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.SGD(0.001), config=knobs), loss="mse")
+
+    per_epoch = []
+    if compat.LEGACY:
+        class AtEpochEnd(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                per_epoch.append(np.asarray(histogram.read_value()))
+
+        history = strategy.fit(model, dataset_fn, epochs=FIT_EPOCHS, steps_per_epoch=FIT_STEPS,
+                               callbacks=[AtEpochEnd()], verbose=0)
+        counts = np.diff(np.stack([np.zeros(HIST, np.int64)] + per_epoch), axis=0)
+    else:
+        from tfsyncmodes.keras.loop import CoordinatorRunner, fit_loop
+
+        class Recording(CoordinatorRunner):
+            """The loop's own runner; keeps every step's fetched staleness."""
+
+            def epoch_logs(self, last_step_logs):
+                pending = list(self._pending)
+                logs = super().epoch_logs(last_step_logs)
+                per_epoch.append([int(np.asarray(r.fetch()["staleness"])) for r in pending])
+                return logs
+
+        history = fit_loop(model, Recording(strategy, dataset_fn), epochs=FIT_EPOCHS,
+                           steps_per_epoch=FIT_STEPS, verbose=0)
+        counts = np.stack([np.bincount(np.minimum(s, HIST - 1), minlength=HIST) for s in per_epoch])
+    np.savez(os.path.join(outdir, "fit.npz"), counts=counts,
+             dropped=np.array(history.history["dropped_updates"]),
+             iterations=int(np.asarray(model.optimizer.iterations)), steps=FIT_EPOCHS * FIT_STEPS,
+             bound=FIT_BOUND)
+
+
+def main(outdir, scenarios):
+    import tfsyncmodes
+
+    strategy = tfsyncmodes.make_strategy("async")
+    if "schedule" in scenarios:
+        schedule(strategy, outdir)
+    if "fit" in scenarios:
+        fit(strategy, outdir)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
