@@ -92,3 +92,66 @@ def test_tf_config_port_that_is_not_a_number_stops_before_tensorflow():
     result = localrun.run([PYTHON, TRAIN, "--epochs=1"], timeout=120, env=env, cwd=REPO)
     assert "Could not parse port" not in result.stderr
     assert "port 'abc'" in one_clear_error(result)
+
+
+# --- python -m tfsyncmodes.launch: every option ------------------------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["--workers", "abc", "--", PYTHON], ["launch: --workers: 'abc' is not a whole number"]),
+    (["--workers", "0", "--", PYTHON], ["launch: --workers: 0 is too few", "use 1 or more"]),
+    (["--workers"], ["launch: --workers: needs a value"]),
+    (["--ps", "-1", "--", PYTHON], ["launch: --ps: -1 is negative", "use 0 or more"]),
+    (["--ps", "1.5", "--", PYTHON], ["launch: --ps: '1.5' is not a whole number"]),
+    (["--timeout", "abc", "--", PYTHON], ["launch: --timeout: 'abc'", "seconds >= 0"]),
+    (["--timeout", "-5", "--", PYTHON], ["launch: --timeout: '-5'", "seconds >= 0"]),
+    (["--timeout", "nan", "--", PYTHON], ["launch: --timeout: 'nan'"]),
+    (["--tolerate_worker_loss=yes", "--", PYTHON], ["launch: --tolerate_worker_loss: takes no value, got 'yes'"]),
+    (["--share_network=1", "--", PYTHON], ["launch: --share_network: takes no value"]),
+    (["--bogus", "--", PYTHON], ["launch: --bogus: is not an option of the launcher", "--help"]),
+    (["--p", "3", "--", PYTHON], ["launch: --p: ", "could match"]),
+    (["--hosts", "a,b", "--", PYTHON], ["launch: --hosts: is only used with --print-tf-config"]),
+    (["--port", "3000", "--", PYTHON], ["launch: --port: is only used with --print-tf-config"]),
+    (["--workers", "2"], ["launch: command: missing", "after --"]),
+    (["--", "no_such_program_here"], ["launch: command: 'no_such_program_here' is not a program"]),
+    (["--", "README.md"], ["launch: command: 'README.md' is not a program", "executable"]),
+    (["--print-tf-config"], ["launch: --hosts: '' names no host"]),
+    (["--print-tf-config", "--hosts", "a", "--port", "0"], ["launch: --port: 0 is out of range"]),
+    (["--print-tf-config", "--hosts", "a", "--port", "65534"], ["launch: --port: 65534 is out of range"]),
+    (["--print-tf-config", "--hosts", "a", "--port", "http"], ["launch: --port: 'http' is not a whole number"]),
+    (["--print-tf-config", "--hosts", "a", "--workers", "0"], ["launch: --workers: 0 is too few"]),
+    (["--print-tf-config", "--hosts", "a", "--", PYTHON], ["launch: command: acts on a running cluster"]),
+    (["--print-tf-config", "--hosts", "a", "--timeout", "5"], ["launch: --timeout: acts on a running cluster"]),
+    (["--print-tf-config", "--hosts", "a", "--tolerate_worker_loss"], ["--tolerate_worker_loss: acts on"]),
+], ids=lambda value: " ".join(value) if isinstance(value, list) and value and value[0].startswith("-") else None)
+def test_bad_launcher_options_are_one_line_with_status_2(argv, words, capsys):
+    from tfsyncmodes import launch
+
+    with pytest.raises(SystemExit) as exited:
+        launch.parse_args(argv)
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfsyncmodes: error: launch: "), captured.err
+    for word in words:
+        assert word in lines[0]
+
+
+def test_launcher_options_that_are_fine():
+    from tfsyncmodes import launch
+
+    args = launch.parse_args(["--workers", "3", "--ps", "0", "--timeout", "2.5", "--tolerate_worker_loss",
+                              "--", PYTHON, "-c", "pass"])
+    assert (args.workers, args.ps, args.timeout, args.command) == (3, 0, 2.5, [PYTHON, "-c", "pass"])
+    assert launch.parse_args(["--", PYTHON]).timeout == 0.0  # no limit
+    args = launch.parse_args(["--print-tf-config", "--hosts", "a,b", "--port", "4000"])
+    assert (args.hosts, args.port) == (["a", "b"], 4000)
+
+
+@pytest.mark.timeout(120)
+def test_launcher_command_that_cannot_start_stops_before_any_task():
+    # Run as a file: the launcher alone, without importing TensorFlow.
+    result = localrun.run([PYTHON, os.path.join(REPO, "tfsyncmodes", "launch.py"), "--workers", "1", "--ps", "0",
+                           "--", "no_such_program_here", "--flag"], timeout=100, env=clean_env(), cwd=REPO)
+    assert "'no_such_program_here' is not a program" in one_clear_error(result)
+    assert "[launch] started" not in result.stdout
