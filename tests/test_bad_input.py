@@ -16,8 +16,8 @@ import os
 import pytest
 
 from tests.conftest import PYTHON, REPO, clean_env
-from tfsyncmodes import cluster, config
-from tfsyncmodes.errors import ConfigError
+from tfsyncmodes import cluster, config, knobs
+from tfsyncmodes.errors import ConfigError, at_least
 from tfsyncmodes.testing import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
@@ -78,6 +78,8 @@ def one_clear_error(result):
     (["--model_dir=README.md/run"], ["--model_dir", "which is a file"]),
     (["--metrics_file=README.md/out.json"], ["--metrics_file", "README.md is a file"]),
     (["--sync_backend=mirrored", "--compression=fp16"], ["compression", "mirrored backend"]),
+    (["--seed=-1"], ["flag: --seed: -1 is out of range", "0..4294967295"]),
+    (["--learning_rate=nan"], ["flag: --learning_rate: nan is not a finite number"]),
 ], ids=lambda value: value[0] if isinstance(value, list) else None)
 def test_bad_train_flags_are_one_line_with_status_2(args, words):
     result = localrun.run([PYTHON, TRAIN, *args], timeout=120, env=clean_env(), cwd=REPO)
@@ -155,3 +157,26 @@ def test_launcher_command_that_cannot_start_stops_before_any_task():
                            "--", "no_such_program_here", "--flag"], timeout=100, env=clean_env(), cwd=REPO)
     assert "'no_such_program_here' is not a program" in one_clear_error(result)
     assert "[launch] started" not in result.stdout
+
+
+# --- every knob (flag, TFSYNC_* variable, config key: one parser each) ---------------------
+
+BAD_KNOB_VALUES = {"_number": ["abc", "-1e30", "1e30", "nan", "inf"], "_boolean": ["maybe", "2"],
+                   "_choice": ["bogus"], "_registered": ["bogus"], "_schedule": ["bogus", "sync:150%"],
+                   "_rank_groups": ["0,1;1", "a", "0;;1"], "_slow_worker": ["x", "1:0.5", "-1:2"]}
+
+
+@pytest.mark.parametrize("knob", [k for k in knobs.KNOBS if k.parse.__qualname__.split(".")[0] in BAD_KNOB_VALUES],
+                         ids=lambda k: k.key)
+def test_every_knob_refuses_bad_values_naming_its_variable(knob):
+    for value in BAD_KNOB_VALUES[knob.parse.__qualname__.split(".")[0]]:
+        with pytest.raises(ConfigError) as raised:
+            config.resolve(environ={knob.env: value}, use_flags=False)
+        assert str(raised.value).startswith(f"environment: {knob.env}: "), (value, str(raised.value))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), -1.0])
+def test_numeric_flags_refuse_nan_and_infinity(value):
+    with pytest.raises(ConfigError) as raised:
+        at_least(value, 0.0, "flag", "--compute_ms")
+    assert str(raised.value).startswith("flag: --compute_ms: ")
