@@ -1,14 +1,53 @@
 """Bad input caught before TensorFlow sees it: one line naming source, field and fix, exit
 status 2, no traceback.
 
-Tried, by source (beyond tests/test_cli_errors.py and tests/test_config.py):
-- TF_CONFIG addresses: a port that is not a number, port 0, port 65536, no host, an unbracketed
-  IPv6 host, an address given twice (already refused); [::1]:2222 and host names accepted.
-- scripts/train.py flags: --epochs=0, --epochs=abc (absl's parser), an unknown flag,
-  --batch_size=0, --learning_rate=-1, --hidden_units=0, --model_dir naming a file or a path
-  inside a file, --metrics_file inside a file.
-- config files: several unknown keys reported at once; knobs by their flag names accepted.
-- sync compression under the tf.distribute backends (tests/test_sync_compression.py).
+What was tried, for every input (here unless another file is named; "by hand": run once with
+scripts/train.py, one line and exit 2 seen, not repeated in CI because the path is the same as a
+tested one):
+
+scripts/train.py's own flags
+  --epochs               0, abc (absl's parser: the same path serves every typed flag)
+  --batch_size           0 (smaller than the replicas: train.py checks it, not tried here)
+  --learning_rate        -1, nan; inf (at_least: test_numeric_flags_refuse_nan_and_infinity)
+  --dataset              bogus (by hand: absl's enum)
+  --synthetic_samples    10 with --dataset=synthetic (by hand)
+  --synthetic_features   0 (by hand; the same at_least loop as --hidden_units)
+  --hidden_units         0
+  --model_dir            a file, a path inside a file (and '' through tfsyncmodes.paths)
+  --seed                 -1 (a traceback from NumPy before); 2**32 (the same check)
+  --metrics_file         a path inside a file
+  --model, --data        nomodule:f, x (not module:function) (by hand)
+  --compute_ms           -5 (ran, now refused), nan (at_least)
+  --compute_slow_worker  abc (by hand)
+  absl's own (--verbosity, --logtostderr, ...)  an unknown flag (--no_such_flag)
+tfsyncmodes' flags = TFSYNC_* variables = config-file keys (one parser per knob; every knob is
+  swept in test_every_knob_refuses_bad_values_naming_its_variable): numbers abc, -1e30, 1e30,
+  nan, inf; booleans maybe, 2; choices bogus (--sync_mode, --sync_backend, --compression,
+  --cross_group, --outer_optimizer); --mode_schedule bogus, sync:150%; --groups 0,1;1, a, 0;;1;
+  --slow_worker x, 1:0.5, -1:2. Through the command line: tests/test_cli_errors.py (--sync_mode,
+  --sync_backend, --config missing, horovod/multi_worker without their launcher, --ps_shards
+  under Keras 3), tests/test_config.py (sources and precedence); config files: several unknown
+  keys at once, flag names as keys; --compression under the tf.distribute backends.
+TF_CONFIG
+  (json)       not JSON, a list, a string (tests/test_cli_errors.py, by hand)
+  cluster      missing, empty, a list; a role that is unknown, not a list, an empty list, a list
+               of non-strings; two chiefs; a role given twice (tests/test_cli_errors.py)
+  addresses    port abc, 0, 65536; no host; unbracketed IPv6; the same address twice
+               ([::1]:2222, host names and 10.0.0.1:1 accepted)
+  task         missing, a list, no type; type not a role of the cluster; index "0", 1.5, true,
+               -1, beyond the role (tests/test_cli_errors.py); index left out is 0, as in TF
+  rpc_layer    grpc+verbs (only grpc is served); environment: any value (TF ignores it)
+  roles per mode  ps under sync, no ps / no worker under async (tests/test_cli_errors.py)
+python -m tfsyncmodes.launch (test_bad_launcher_options_are_one_line_with_status_2)
+  --workers    abc, 0, no value          --ps        -1, 1.5
+  --timeout    abc, -5, nan; with --print-tf-config
+  --tolerate_worker_loss, --share_network   =yes / =1; with --print-tf-config
+  --hosts      without --print-tf-config; with it: missing, '', a,,b, a:2222, a,a (test_deploy.py)
+  --port       without --print-tf-config; with it: 0, 65534 (no room for the tasks), http
+  --print-tf-config  with a command
+  command      missing (test_launch.py), not found, not executable (README.md); an unknown
+               option (--bogus), an ambiguous prefix (--p)
+  Not refused: large --workers/--ps (a local cluster of any size is started as asked).
 """
 import json
 import os
@@ -40,6 +79,37 @@ def test_tf_config_addresses_are_host_and_port(address, words):
     assert str(raised.value).startswith("TF_CONFIG: ")
     for word in words:
         assert word in str(raised.value)
+
+
+WORKERS = ["127.0.0.1:2222", "127.0.0.1:2223"]
+
+
+@pytest.mark.parametrize("raw, words", [
+    ({"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}, ["cluster.worker", "non-empty list"]),
+    ({"cluster": {"worker": "127.0.0.1:2222"}, "task": {"type": "worker"}}, ["cluster.worker", "list of"]),
+    ({"cluster": {"worker": [2222]}, "task": {"type": "worker"}}, ["cluster.worker", "'host:port' strings"]),
+    ({"cluster": {"worker": WORKERS, "boss": ["127.0.0.1:2224"]}, "task": {"type": "worker"}}, ["cluster.boss"]),
+    ({"cluster": {"chief": WORKERS, "worker": ["127.0.0.1:2224"]}, "task": {"type": "worker"}}, ["2 chiefs"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "ps", "index": 0}}, ["task.type", "'ps'"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": "0"}}, ["task.index", "not an integer"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": 1.5}}, ["task.index", "not an integer"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": True}}, ["task.index", "not an integer"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": -1}}, ["task.index", "use 0..1"]),
+    ({"cluster": {"worker": WORKERS}, "task": ["worker", 0]}, ["task: missing"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "worker"}, "rpc_layer": "grpc+verbs"}, ["rpc_layer"]),
+], ids=lambda value: None)
+def test_tf_config_fields(raw, words):
+    with pytest.raises(ConfigError) as raised:
+        cluster.tf_config({"TF_CONFIG": json.dumps(raw)})
+    assert str(raised.value).startswith("TF_CONFIG: ")
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_tf_config_fields_that_are_fine():
+    parsed = cluster.tf_config({"TF_CONFIG": json.dumps({"cluster": {"worker": WORKERS}, "task": {"type": "worker"},
+                                                         "rpc_layer": "grpc", "environment": "cloud"})})
+    assert (parsed.task_type, parsed.task_index) == ("worker", 0)  # index 0 when left out, as in TensorFlow
 
 
 @pytest.mark.parametrize("address", ["[::1]:2222", "worker-0.svc.cluster.local:2222", "10.0.0.1:1"])
