@@ -170,6 +170,9 @@ def main(argv):
                       ("hidden_units", 1)):
         at_least(FLAGS[name].value, low, "flag", f"--{name}")
     at_least(FLAGS.learning_rate, 1e-12, "flag", "--learning_rate", "use a positive number, e.g. 0.01")
+    at_least(FLAGS.compute_ms, 0.0, "flag", "--compute_ms", "use 0 (no emulated compute) or more milliseconds")
+    if not 0 <= FLAGS.seed < 2**32:  # NumPy's seed range, which Keras' set_random_seed uses
+        raise ConfigError("flag", "--seed", f"{FLAGS.seed} is out of range", "use 0..4294967295")
     usable_directory(FLAGS.model_dir, "flag", "--model_dir")
     for name in ("metrics_file",):
         if FLAGS[name].value:

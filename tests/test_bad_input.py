@@ -1,14 +1,53 @@
 """Bad input caught before TensorFlow sees it: one line naming source, field and fix, exit
 status 2, no traceback.
 
-Tried, by source (beyond tests/test_cli_errors.py and tests/test_config.py):
-- TF_CONFIG addresses: a port that is not a number, port 0, port 65536, no host, an unbracketed
-  IPv6 host, an address given twice (already refused); [::1]:2222 and host names accepted.
-- scripts/train.py flags: --epochs=0, --epochs=abc (absl's parser), an unknown flag,
-  --batch_size=0, --learning_rate=-1, --hidden_units=0, --model_dir naming a file or a path
-  inside a file, --metrics_file inside a file.
-- config files: several unknown keys reported at once; knobs by their flag names accepted.
-- sync compression under the tf.distribute backends (tests/test_sync_compression.py).
+What was tried, for every input (here unless another file is named; "by hand": run once with
+scripts/train.py, one line and exit 2 seen, not repeated in CI because the path is the same as a
+tested one):
+
+scripts/train.py's own flags
+  --epochs               0, abc (absl's parser: the same path serves every typed flag)
+  --batch_size           0 (smaller than the replicas: train.py checks it, not tried here)
+  --learning_rate        -1, nan; inf (at_least: test_numeric_flags_refuse_nan_and_infinity)
+  --dataset              bogus (by hand: absl's enum)
+  --synthetic_samples    10 with --dataset=synthetic (by hand)
+  --synthetic_features   0 (by hand; the same at_least loop as --hidden_units)
+  --hidden_units         0
+  --model_dir            a file, a path inside a file (and '' through tfsyncmodes.paths)
+  --seed                 -1 (a traceback from NumPy before); 2**32 (the same check)
+  --metrics_file         a path inside a file
+  --model, --data        nomodule:f, x (not module:function) (by hand)
+  --compute_ms           -5 (ran, now refused), nan (at_least)
+  --compute_slow_worker  abc (by hand)
+  absl's own (--verbosity, --logtostderr, ...)  an unknown flag (--no_such_flag)
+tfsyncmodes' flags = TFSYNC_* variables = config-file keys (one parser per knob; every knob is
+  swept in test_every_knob_refuses_bad_values_naming_its_variable): numbers abc, -1e30, 1e30,
+  nan, inf; booleans maybe, 2; choices bogus (--sync_mode, --sync_backend, --compression,
+  --cross_group, --outer_optimizer); --mode_schedule bogus, sync:150%; --groups 0,1;1, a, 0;;1;
+  --slow_worker x, 1:0.5, -1:2. Through the command line: tests/test_cli_errors.py (--sync_mode,
+  --sync_backend, --config missing, horovod/multi_worker without their launcher, --ps_shards
+  under Keras 3), tests/test_config.py (sources and precedence); config files: several unknown
+  keys at once, flag names as keys; --compression under the tf.distribute backends.
+TF_CONFIG
+  (json)       not JSON, a list, a string (tests/test_cli_errors.py, by hand)
+  cluster      missing, empty, a list; a role that is unknown, not a list, an empty list, a list
+               of non-strings; two chiefs; a role given twice (tests/test_cli_errors.py)
+  addresses    port abc, 0, 65536; no host; unbracketed IPv6; the same address twice
+               ([::1]:2222, host names and 10.0.0.1:1 accepted)
+  task         missing, a list, no type; type not a role of the cluster; index "0", 1.5, true,
+               -1, beyond the role (tests/test_cli_errors.py); index left out is 0, as in TF
+  rpc_layer    grpc+verbs (only grpc is served); environment: any value (TF ignores it)
+  roles per mode  ps under sync, no ps / no worker under async (tests/test_cli_errors.py)
+python -m tfsyncmodes.launch (test_bad_launcher_options_are_one_line_with_status_2)
+  --workers    abc, 0, no value          --ps        -1, 1.5
+  --timeout    abc, -5, nan; with --print-tf-config
+  --tolerate_worker_loss, --share_network   =yes / =1; with --print-tf-config
+  --hosts      without --print-tf-config; with it: missing, '', a,,b, a:2222, a,a (test_deploy.py)
+  --port       without --print-tf-config; with it: 0, 65534 (no room for the tasks), http
+  --print-tf-config  with a command
+  command      missing (test_launch.py), not found, not executable (README.md); an unknown
+               option (--bogus), an ambiguous prefix (--p)
+  Not refused: large --workers/--ps (a local cluster of any size is started as asked).
 """
 import json
 import os
@@ -16,8 +55,8 @@ import os
 import pytest
 
 from tests.conftest import PYTHON, REPO, clean_env
-from tfsyncmodes import cluster, config
-from tfsyncmodes.errors import ConfigError
+from tfsyncmodes import cluster, config, knobs
+from tfsyncmodes.errors import ConfigError, at_least
 from tfsyncmodes.testing import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
@@ -40,6 +79,37 @@ def test_tf_config_addresses_are_host_and_port(address, words):
     assert str(raised.value).startswith("TF_CONFIG: ")
     for word in words:
         assert word in str(raised.value)
+
+
+WORKERS = ["127.0.0.1:2222", "127.0.0.1:2223"]
+
+
+@pytest.mark.parametrize("raw, words", [
+    ({"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}, ["cluster.worker", "non-empty list"]),
+    ({"cluster": {"worker": "127.0.0.1:2222"}, "task": {"type": "worker"}}, ["cluster.worker", "list of"]),
+    ({"cluster": {"worker": [2222]}, "task": {"type": "worker"}}, ["cluster.worker", "'host:port' strings"]),
+    ({"cluster": {"worker": WORKERS, "boss": ["127.0.0.1:2224"]}, "task": {"type": "worker"}}, ["cluster.boss"]),
+    ({"cluster": {"chief": WORKERS, "worker": ["127.0.0.1:2224"]}, "task": {"type": "worker"}}, ["2 chiefs"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "ps", "index": 0}}, ["task.type", "'ps'"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": "0"}}, ["task.index", "not an integer"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": 1.5}}, ["task.index", "not an integer"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": True}}, ["task.index", "not an integer"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "worker", "index": -1}}, ["task.index", "use 0..1"]),
+    ({"cluster": {"worker": WORKERS}, "task": ["worker", 0]}, ["task: missing"]),
+    ({"cluster": {"worker": WORKERS}, "task": {"type": "worker"}, "rpc_layer": "grpc+verbs"}, ["rpc_layer"]),
+], ids=lambda value: None)
+def test_tf_config_fields(raw, words):
+    with pytest.raises(ConfigError) as raised:
+        cluster.tf_config({"TF_CONFIG": json.dumps(raw)})
+    assert str(raised.value).startswith("TF_CONFIG: ")
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_tf_config_fields_that_are_fine():
+    parsed = cluster.tf_config({"TF_CONFIG": json.dumps({"cluster": {"worker": WORKERS}, "task": {"type": "worker"},
+                                                         "rpc_layer": "grpc", "environment": "cloud"})})
+    assert (parsed.task_type, parsed.task_index) == ("worker", 0)  # index 0 when left out, as in TensorFlow
 
 
 @pytest.mark.parametrize("address", ["[::1]:2222", "worker-0.svc.cluster.local:2222", "10.0.0.1:1"])
@@ -78,6 +148,8 @@ def one_clear_error(result):
     (["--model_dir=README.md/run"], ["--model_dir", "which is a file"]),
     (["--metrics_file=README.md/out.json"], ["--metrics_file", "README.md is a file"]),
     (["--sync_backend=mirrored", "--compression=fp16"], ["compression", "mirrored backend"]),
+    (["--seed=-1"], ["flag: --seed: -1 is out of range", "0..4294967295"]),
+    (["--learning_rate=nan"], ["flag: --learning_rate: nan is not a finite number"]),
 ], ids=lambda value: value[0] if isinstance(value, list) else None)
 def test_bad_train_flags_are_one_line_with_status_2(args, words):
     result = localrun.run([PYTHON, TRAIN, *args], timeout=120, env=clean_env(), cwd=REPO)
@@ -92,3 +164,89 @@ def test_tf_config_port_that_is_not_a_number_stops_before_tensorflow():
     result = localrun.run([PYTHON, TRAIN, "--epochs=1"], timeout=120, env=env, cwd=REPO)
     assert "Could not parse port" not in result.stderr
     assert "port 'abc'" in one_clear_error(result)
+
+
+# --- python -m tfsyncmodes.launch: every option ------------------------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["--workers", "abc", "--", PYTHON], ["launch: --workers: 'abc' is not a whole number"]),
+    (["--workers", "0", "--", PYTHON], ["launch: --workers: 0 is too few", "use 1 or more"]),
+    (["--workers"], ["launch: --workers: needs a value"]),
+    (["--ps", "-1", "--", PYTHON], ["launch: --ps: -1 is negative", "use 0 or more"]),
+    (["--ps", "1.5", "--", PYTHON], ["launch: --ps: '1.5' is not a whole number"]),
+    (["--timeout", "abc", "--", PYTHON], ["launch: --timeout: 'abc'", "seconds >= 0"]),
+    (["--timeout", "-5", "--", PYTHON], ["launch: --timeout: '-5'", "seconds >= 0"]),
+    (["--timeout", "nan", "--", PYTHON], ["launch: --timeout: 'nan'"]),
+    (["--tolerate_worker_loss=yes", "--", PYTHON], ["launch: --tolerate_worker_loss: takes no value, got 'yes'"]),
+    (["--share_network=1", "--", PYTHON], ["launch: --share_network: takes no value"]),
+    (["--bogus", "--", PYTHON], ["launch: --bogus: is not an option of the launcher", "--help"]),
+    (["--p", "3", "--", PYTHON], ["launch: --p: ", "could match"]),
+    (["--hosts", "a,b", "--", PYTHON], ["launch: --hosts: is only used with --print-tf-config"]),
+    (["--port", "3000", "--", PYTHON], ["launch: --port: is only used with --print-tf-config"]),
+    (["--workers", "2"], ["launch: command: missing", "after --"]),
+    (["--", "no_such_program_here"], ["launch: command: 'no_such_program_here' is not a program"]),
+    (["--", "README.md"], ["launch: command: 'README.md' is not a program", "executable"]),
+    (["--print-tf-config"], ["launch: --hosts: '' names no host"]),
+    (["--print-tf-config", "--hosts", "a", "--port", "0"], ["launch: --port: 0 is out of range"]),
+    (["--print-tf-config", "--hosts", "a", "--port", "65534"], ["launch: --port: 65534 is out of range"]),
+    (["--print-tf-config", "--hosts", "a", "--port", "http"], ["launch: --port: 'http' is not a whole number"]),
+    (["--print-tf-config", "--hosts", "a", "--workers", "0"], ["launch: --workers: 0 is too few"]),
+    (["--print-tf-config", "--hosts", "a", "--", PYTHON], ["launch: command: acts on a running cluster"]),
+    (["--print-tf-config", "--hosts", "a", "--timeout", "5"], ["launch: --timeout: acts on a running cluster"]),
+    (["--print-tf-config", "--hosts", "a", "--tolerate_worker_loss"], ["--tolerate_worker_loss: acts on"]),
+], ids=lambda value: " ".join(value) if isinstance(value, list) and value and value[0].startswith("-") else None)
+def test_bad_launcher_options_are_one_line_with_status_2(argv, words, capsys):
+    from tfsyncmodes import launch
+
+    with pytest.raises(SystemExit) as exited:
+        launch.parse_args(argv)
+    assert exited.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfsyncmodes: error: launch: "), captured.err
+    for word in words:
+        assert word in lines[0]
+
+
+def test_launcher_options_that_are_fine():
+    from tfsyncmodes import launch
+
+    args = launch.parse_args(["--workers", "3", "--ps", "0", "--timeout", "2.5", "--tolerate_worker_loss",
+                              "--", PYTHON, "-c", "pass"])
+    assert (args.workers, args.ps, args.timeout, args.command) == (3, 0, 2.5, [PYTHON, "-c", "pass"])
+    assert launch.parse_args(["--", PYTHON]).timeout == 0.0  # no limit
+    args = launch.parse_args(["--print-tf-config", "--hosts", "a,b", "--port", "4000"])
+    assert (args.hosts, args.port) == (["a", "b"], 4000)
+
+
+@pytest.mark.timeout(120)
+def test_launcher_command_that_cannot_start_stops_before_any_task():
+    # Run as a file: the launcher alone, without importing TensorFlow.
+    result = localrun.run([PYTHON, os.path.join(REPO, "tfsyncmodes", "launch.py"), "--workers", "1", "--ps", "0",
+                           "--", "no_such_program_here", "--flag"], timeout=100, env=clean_env(), cwd=REPO)
+    assert "'no_such_program_here' is not a program" in one_clear_error(result)
+    assert "[launch] started" not in result.stdout
+
+
+# --- every knob (flag, TFSYNC_* variable, config key: one parser each) ---------------------
+
+BAD_KNOB_VALUES = {"_number": ["abc", "-1e30", "1e30", "nan", "inf"], "_boolean": ["maybe", "2"],
+                   "_choice": ["bogus"], "_registered": ["bogus"], "_schedule": ["bogus", "sync:150%"],
+                   "_rank_groups": ["0,1;1", "a", "0;;1"], "_slow_worker": ["x", "1:0.5", "-1:2"]}
+
+
+@pytest.mark.parametrize("knob", [k for k in knobs.KNOBS if k.parse.__qualname__.split(".")[0] in BAD_KNOB_VALUES],
+                         ids=lambda k: k.key)
+def test_every_knob_refuses_bad_values_naming_its_variable(knob):
+    for value in BAD_KNOB_VALUES[knob.parse.__qualname__.split(".")[0]]:
+        with pytest.raises(ConfigError) as raised:
+            config.resolve(environ={knob.env: value}, use_flags=False)
+        assert str(raised.value).startswith(f"environment: {knob.env}: "), (value, str(raised.value))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), -1.0])
+def test_numeric_flags_refuse_nan_and_infinity(value):
+    with pytest.raises(ConfigError) as raised:
+        at_least(value, 0.0, "flag", "--compute_ms")
+    assert str(raised.value).startswith("flag: --compute_ms: ")

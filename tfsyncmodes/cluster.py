@@ -97,8 +97,9 @@ def _parse_tf_config(text: str) -> TFConfig:
     for role, addresses in cluster.items():
         if role not in ROLES:
             raise ConfigError(TF_CONFIG, f"cluster.{role}", f"unknown role '{role}'", one_of(ROLES))
-        if not isinstance(addresses, list) or not all(isinstance(a, str) and ":" in a for a in addresses):
-            raise ConfigError(TF_CONFIG, f"cluster.{role}", "must be a list of 'host:port' strings",
+        if not isinstance(addresses, list) or not addresses or not all(isinstance(a, str) and ":" in a
+                                                                      for a in addresses):
+            raise ConfigError(TF_CONFIG, f"cluster.{role}", "must be a non-empty list of 'host:port' strings",
                               'e.g. ["127.0.0.1:2222"]')
         if role == "chief" and len(addresses) > 1:
             raise ConfigError(TF_CONFIG, "cluster.chief", f"{len(addresses)} chiefs given",
@@ -111,6 +112,9 @@ def _parse_tf_config(text: str) -> TFConfig:
                                   "give every task its own host:port")
             seen[address] = f"{role}[{index}]"
         parsed[role] = tuple(addresses)
+    if raw.get("rpc_layer", "grpc") != "grpc":  # the only protocol TensorFlow's builds serve
+        raise ConfigError(TF_CONFIG, "rpc_layer", f"{raw['rpc_layer']!r} is not served by TensorFlow",
+                          'use "grpc", or leave rpc_layer out')
     task = raw.get("task")
     if not isinstance(task, dict) or "type" not in task:
         raise ConfigError(TF_CONFIG, "task", "missing, or has no 'type'",

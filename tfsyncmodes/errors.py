@@ -7,6 +7,7 @@ turns the error into a single message on stderr and exit status 2 instead of a t
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Callable, Iterable, Optional
@@ -65,7 +66,10 @@ def run(main: Callable[[list], object]) -> None:
 
 
 def at_least(value, low, source: str, field: str, fix: Optional[str] = None) -> None:
-    """ConfigError unless `value` >= `low` (None: not given, nothing to check)."""
+    """ConfigError unless `value` is a finite number >= `low` (None: not given, nothing to
+    check); nan and infinity are refused, as no training can use them."""
+    if value is not None and not math.isfinite(value):
+        raise ConfigError(source, field, f"{value} is not a finite number", fix or f"use a value >= {low}")
     if value is not None and value < low:
         raise ConfigError(source, field, f"{value} is too small", fix or f"use a value >= {low}")
 
