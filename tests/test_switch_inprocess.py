@@ -93,7 +93,7 @@ def run_job(tmp_path, optimizers, **env):
     command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "switch_steps.py"), str(tmp_path),
                                               f"--optimizers={optimizers}", f"--epochs={EPOCHS}",
                                               f"--steps={STEPS}"])
-    result = run_checked(command, timeout=240, TFSYNC_GROUP_SIZE=env.pop("TFSYNC_GROUP_SIZE", 2), **env)
+    result = run_checked(command, timeout=400, TFSYNC_GROUP_SIZE=env.pop("TFSYNC_GROUP_SIZE", 2), **env)
     return result, {name: [np.load(tmp_path / f"{name}.rank{r}.npz") for r in range(4)]
                     for name in optimizers.split(",")}
 
@@ -139,13 +139,25 @@ def check_switches(workers, text, knobs, optimizer_class, rounds=None, tolerance
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_keras3_sync_hybrid_sync_periodic_equal_numpy_and_one_state_after(tmp_path):
     text = "sync:3,hybrid:6,sync"
     knobs = {"compression": "topk", "topk_ratio": 0.25, "staleness": 3, "cross_group": "periodic"}
     result, runs = run_job(tmp_path, "sgd,adam", TFSYNC_MODE_SCHEDULE=text, TFSYNC_TOPK_RATIO=0.25,
                            TFSYNC_STALENESS=3)
     check_switches(runs["sgd"], text, knobs, "SyncOptimizer")
+    # bytes_sent per epoch: Top-K values + indices of each average over the epoch's hybrid steps
+    # (0 in sync steps and epochs), one History entry per epoch.
+    phases, period = schedule_lib.phases(text, EPOCHS * STEPS, STEPS), knobs["staleness"] + 1
+    k = int(np.ceil(0.25 * (reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS)))
+    hybrid = [p for p in phases if p.mode == "hybrid"][0]
+    want = []
+    for e in range(EPOCHS):
+        steps = [t for t in range(e * STEPS, (e + 1) * STEPS) if hybrid.start <= t < hybrid.end]
+        averages = sum((t - hybrid.start + 1) % period == 0 for t in steps)
+        want.append(8.0 * k * averages / len(steps) if steps else 0.0)
+    for w in runs["sgd"]:
+        assert json.loads(str(w["history"]))["bytes_sent"] == pytest.approx(want)
     # Adam: groups' moments differ after hybrid; the switch averages them with the weights, so
     # sync keeps every rank on the same bits.
     adam = runs["adam"]
@@ -159,7 +171,7 @@ def test_keras3_sync_hybrid_sync_periodic_equal_numpy_and_one_state_after(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_tf_keras_hybrid_sync_hybrid_stale_background_reentered_clean_equal_numpy(tmp_path):
     text = "hybrid:3,sync:2,hybrid:5,sync"
     knobs = {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "stale"}

@@ -81,10 +81,14 @@ class SwitchingStrategy(HorovodStrategy):
         return make_optimizer(optimizer, config or self.config, self)
 
     def _correctness_callbacks(self) -> List:
-        from tfsyncmodes.keras.hybrid_callbacks import DrainExchange
+        """Horovod's, with the plan's switch callbacks after the traffic logger (so that they
+        see its logs) and before the broadcast, and the final drain."""
+        from tfsyncmodes.keras.hybrid_callbacks import DrainExchange, WireTrafficLogger
 
         drivers = self.plan.callbacks(self) if self.plan is not None else []
-        return drivers + super()._correctness_callbacks() + [DrainExchange()]
+        base = super()._correctness_callbacks()
+        traffic = [c for c in base if isinstance(c, WireTrafficLogger)]
+        return traffic + drivers + [c for c in base if c not in traffic] + [DrainExchange()]
 
     def callbacks(self, model_dir: Optional[str] = None, checkpoint: bool = True,
                   tensorboard: bool = True) -> List:
