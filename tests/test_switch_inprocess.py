@@ -46,6 +46,34 @@ def test_schedules_this_process_cannot_run_are_one_clear_error(text, words):
     assert "\n" not in str(error.value)
 
 
+def test_a_switching_optimizer_round_trips_through_model_save(tmp_path):
+    """Every mode's exchange state is optimizer state and comes back from ``model.save``, with
+    the per-mode knobs the run derived (hybrid's Top-K error feedback, though the run's
+    compression knob is sync's default)."""
+    import keras
+
+    import tfsyncmodes
+    from tfsyncmodes.switching.exchange import SwitchableExchange
+
+    config = resolve({"mode_schedule": "sync:1,hybrid"}, environ={}, use_flags=False)
+    model = keras.Sequential([keras.Input((reference.FEATURES,)), keras.layers.Dense(reference.OUTPUTS)])
+    model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.Adam(), config=config), loss="mse")
+    x, y = reference.linear_data(2, 1)
+    model.fit(x.reshape(-1, reference.FEATURES), y.reshape(-1, reference.OUTPUTS), batch_size=reference.BATCH,
+              verbose=0)
+    exchange = model.optimizer.exchange
+    assert isinstance(exchange, SwitchableExchange) and exchange.modes == ("sync", "hybrid")
+    names = [v.path.split("/")[-1] for v in exchange.state_variables("hybrid")]
+    assert "error_feedback_residual" in names and "local_sgd_anchor" in names
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert isinstance(loaded.optimizer.exchange, SwitchableExchange)
+    saved, back = model.optimizer.variables, loaded.optimizer.variables
+    assert len(saved) == len(back)
+    for a, b in zip(saved, back):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
 # --- horovodrun -np 4, two groups of two ------------------------------------------------------
 
 def _flat(params):
