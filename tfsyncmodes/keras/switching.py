@@ -7,7 +7,9 @@ same step). It finishes the outgoing exchange and starts the incoming one clean
 (:meth:`tfsyncmodes.switching.exchange.SwitchableExchange.switch`), has Keras trace the train
 function again (Keras 3 and tf_keras both call ``model.train_function`` at every step of
 ``fit``), tells the strategy, logs one line on the chief and writes a TensorBoard marker.
-A policy that decides when to switch subclasses it (:class:`ScheduleSwitch` does).
+A policy that decides when to switch subclasses it (:class:`ScheduleSwitch` does). With
+``compile(steps_per_execution=N)`` a step boundary is an execution boundary: a switch falls on
+the first one at or after the step asked for.
 
 Logs: every batch's and epoch's logs get ``mode`` (the mode's number:
 :func:`tfsyncmodes.switching.mode_code`, sync 0, hybrid 2), epoch logs (and so History) also
