@@ -74,6 +74,36 @@ def test_a_switching_optimizer_round_trips_through_model_save(tmp_path):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
 
 
+def test_a_resumed_run_reenters_its_phase_without_resetting_it():
+    """A run whose step count is already in a hybrid phase (a resumed run) trains in hybrid
+    from its first step, keeps the phase's state, and records no switch; later boundaries
+    switch as usual. (One process: the exchanges change nothing here; this is the driver.)"""
+    import keras
+
+    import tfsyncmodes
+    from tfsyncmodes.keras.switching import ScheduleSwitch
+
+    config = resolve({"mode_schedule": "sync:2,hybrid:4,sync"}, environ={}, use_flags=False)
+    model = keras.Sequential([keras.Input((reference.FEATURES,)), keras.layers.Dense(reference.OUTPUTS)])
+    model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.SGD(reference.LR), config=config), loss="mse")
+    optimizer = model.optimizer
+    optimizer.build(model.trainable_variables)
+    optimizer.iterations.assign(3)  # as restored from a backup taken after step 2
+    step_var = next(v for v in optimizer.exchange.state_variables("hybrid") if v.path.endswith("local_sgd_step"))
+    step_var.assign(7)  # the phase's own state, restored with it
+    modes = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: modes.append(logs["mode"]))
+    switch = ScheduleSwitch("sync:2,hybrid:4,sync")
+    x, y = reference.linear_data(4, 1)
+    model.fit(x.reshape(-1, reference.FEATURES), y.reshape(-1, reference.OUTPUTS), batch_size=reference.BATCH,
+              epochs=2, steps_per_epoch=4, verbose=0, callbacks=[switch, record])
+    assert switch.phases[1] == schedule_lib.Phase("hybrid", 2, 6)
+    # Steps 3, 4, 5 in hybrid (entered, not switched to: its state was kept), then sync.
+    assert modes[:3] == [2.0, 2.0, 2.0] and set(modes[3:]) == {0.0}
+    assert switch.switches == [(6, "hybrid", "sync")]
+    assert int(step_var.numpy()) == 7  # one process: the policy is inactive and does not count
+
+
 # --- horovodrun -np 4, two groups of two ------------------------------------------------------
 
 def _flat(params):
