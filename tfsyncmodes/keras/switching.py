@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-import numpy as np
 from absl import logging
 
 from tfsyncmodes import schedule as schedule_lib
@@ -64,7 +63,9 @@ class ModeSwitch(keras.callbacks.Callback):
     @property
     def step(self) -> int:
         """The optimizer's step count (the next step's 0-based index)."""
-        return int(np.asarray(self.model.optimizer.iterations))
+        import tensorflow as tf
+
+        return int(tf.convert_to_tensor(self.model.optimizer.iterations).numpy())
 
     def switch_to(self, mode: str, reason: str = "") -> bool:
         """Switches to `mode` before the next step (eager; every rank at the same step).
