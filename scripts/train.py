@@ -180,7 +180,8 @@ def main(argv):
     strategy = tfsyncmodes.make_strategy()
     if strategy.is_chief:
         # The knobs the mode uses; every knob with --verbosity=1.
-        logging.info("%s", strategy.config.describe(every=logging.get_verbosity() >= logging.DEBUG))
+        logging.info("%s", strategy.config.describe(
+            every=logging.get_verbosity() >= logging.DEBUG or bool(strategy.config.mode_schedule)))
         logging.info("strategy: %s", strategy.describe())
     else:
         logging.set_verbosity(logging.WARNING)
@@ -218,7 +219,8 @@ def main(argv):
             # when no tf.distribute strategy is active (the Horovod case).
             jit_compile=False,
         )
-    model_dir = os.path.join(FLAGS.model_dir, strategy.mode)
+    # A run through a --mode_schedule keeps one directory for all its phases.
+    model_dir = os.path.join(FLAGS.model_dir, "schedule" if strategy.config.mode_schedule else strategy.mode)
     started, started_unix = time.perf_counter(), time.time()
     history = strategy.fit(model, dataset_fn, epochs=FLAGS.epochs, steps_per_epoch=steps_per_epoch,
                            callbacks=strategy.callbacks(model_dir))
@@ -241,8 +243,11 @@ def main(argv):
             "params": int(model.count_params()), "batch_size": FLAGS.batch_size,
             "steps_per_epoch": steps_per_epoch, "fit_started_unix": started_unix,
         }
+        if strategy.config.mode_schedule:  # the mode each epoch ended in (sync 0, hybrid 2)
+            metrics["mode_schedule"] = strategy.config.mode_schedule
+            metrics["modes"] = [float(v) for v in history.history.get("mode", [])]
         for key in ("staleness_mean", "staleness_max", "staleness", "bytes_sent", "compression_ratio",
-                    "cross_group_lag", "dropped_updates"):
+                    "cross_group_lag", "dropped_updates", "mode_switches"):
             if key in history.history:
                 metrics[key] = [float(v) for v in history.history[key]]
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)
