@@ -25,6 +25,7 @@ from absl import flags, logging  # noqa: E402
 
 import tfsyncmodes  # noqa: E402
 from tfsyncmodes.errors import ConfigError, at_least  # noqa: E402
+from tfsyncmodes.phases import run as phase_run  # noqa: E402
 from tfsyncmodes.paths import usable_directory  # noqa: E402
 
 flags.DEFINE_integer("epochs", 10, "Passes over the training set.")
@@ -189,6 +190,9 @@ def main(argv):
 
     x_train, y_train, x_test, y_test = load_data(FLAGS.seed)
     steps_per_epoch = len(x_train) // FLAGS.batch_size
+    # A phase of a --mode_schedule through async, as python -m tfsyncmodes.launch runs it (None
+    # outside one): its epochs, the checkpoint it starts from and writes, the run's History.
+    phase = phase_run.current(strategy, FLAGS.epochs, steps_per_epoch)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train))
@@ -202,7 +206,7 @@ def main(argv):
 
     with strategy.scope():
         model = build_model(x_train.shape[1])
-        if strategy.mode == "async":
+        if strategy.mode == "async" or phase is not None:  # one optimizer through every phase
             # Stale-gradient remedies (staleness-aware rate, decay) need a plain SGD step.
             optimizer = keras.optimizers.SGD(FLAGS.learning_rate or 0.02, momentum=strategy.config.momentum)
         else:
@@ -216,10 +220,17 @@ def main(argv):
             jit_compile=False,
         )
     model_dir = os.path.join(FLAGS.model_dir, strategy.mode)
+    callbacks = strategy.callbacks(model_dir)
+    if phase is not None:
+        model_dir = phase.model_dir(FLAGS.model_dir)
+        callbacks = strategy.callbacks(model_dir, tensorboard=False) + phase.callbacks(FLAGS.model_dir)
+        phase.begin(model, FLAGS.model_dir, x_train[:512], y_train[:512])
     started, started_unix = time.perf_counter(), time.time()
-    history = strategy.fit(model, dataset_fn, epochs=FLAGS.epochs, steps_per_epoch=steps_per_epoch,
-                           callbacks=strategy.callbacks(model_dir))
+    history = strategy.fit(model, dataset_fn, epochs=phase.end_epoch if phase else FLAGS.epochs,
+                           steps_per_epoch=steps_per_epoch, callbacks=callbacks)
     seconds = time.perf_counter() - started
+    if phase is not None:
+        phase.end(model, history, x_train[:512], y_train[:512])
 
     if strategy.is_chief:
         logits = np.asarray(model(x_test, training=False))
@@ -242,6 +253,8 @@ def main(argv):
                     "cross_group_lag"):
             if key in history.history:
                 metrics[key] = [float(v) for v in history.history[key]]
+        if phase is not None:
+            metrics.update(phase.metrics())
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)
         if FLAGS.metrics_file:
             os.makedirs(os.path.dirname(os.path.abspath(FLAGS.metrics_file)), exist_ok=True)
