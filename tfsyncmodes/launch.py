@@ -15,6 +15,10 @@ itself in a network namespace of its own with only a loopback interface: the clu
 private to this machine. ``--share_network`` keeps the machine's network (for tasks that must
 reach other hosts, e.g. to download data; the ports are then open to the network).
 
+A command whose ``--mode_schedule`` passes through async runs phase after phase, each on its
+own process layout (``horovodrun -np --np`` for sync and hybrid, this cluster for async); see
+:mod:`tfsyncmodes.phases.launching`.
+
 ``--print-tf-config --hosts a,b --workers 2 --ps 1`` starts nothing: it prints each task's
 TF_CONFIG for a cluster over those hosts (see :mod:`tfsyncmodes.tf_configs`).
 """

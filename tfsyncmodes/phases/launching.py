@@ -94,6 +94,7 @@ class PhaseRunner:
         self.start_cluster = start_cluster
         self.say = say
         self.stop_reason: Optional[str] = None
+        self.timeout = args.timeout
         self.deadline = time.monotonic() + args.timeout if args.timeout else None
 
     def run(self) -> int:
@@ -105,6 +106,11 @@ class PhaseRunner:
         try:
             index, modes = 0, [schedule_modes(text)[0]]
             while index < len(modes):
+                for signum in (signal.SIGINT, signal.SIGTERM):  # between phases too
+                    signal.signal(signum, self._on_signal)
+                if self.stop_reason:
+                    self.say(f"{self.stop_reason}; stopping before phase {index}")
+                    return 124 if self.stop_reason == "timeout" else 130
                 status = self._phase(index, modes[index], len(modes) if index else None, directory)
                 if status != 0:
                     self.say(f"phase {index} ({modes[index]}) ended with status {status}; stopping")
@@ -136,7 +142,11 @@ class PhaseRunner:
         self.say(f"phase {index}{of}: {mode} on a cluster of {self.args.workers} worker(s) and "
                  f"{self.args.ps} ps")
         if self.deadline is not None:
-            self.args.timeout = max(1.0, self.deadline - time.monotonic())
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.stop_reason = "timeout"
+                return 124
+            self.args.timeout = left
         return self.start_cluster()
 
     def _horovodrun(self, ranks: int) -> int:
@@ -144,21 +154,18 @@ class PhaseRunner:
         env["PYTHONUNBUFFERED"] = "1"
         process = subprocess.Popen(horovodrun_command(ranks, self.args.command), env=env,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             while process.poll() is None:
                 if self.stop_reason:
                     self.say(f"{self.stop_reason}; stopping horovodrun")
                     break
                 if self.deadline is not None and time.monotonic() > self.deadline:
-                    self.say(f"timeout after {self.args.timeout:g}s; stopping horovodrun")
+                    self.say(f"timeout after {self.timeout:g}s; stopping horovodrun")
                     self.stop_reason = "timeout"
                     break
                 time.sleep(0.1)
         finally:
             _stop(process)
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
         if self.stop_reason:
             return 124 if self.stop_reason == "timeout" else 130
         return process.returncode
