@@ -175,6 +175,7 @@ def main(argv):
     for name in ("metrics_file",):
         if FLAGS[name].value:
             usable_directory(os.path.dirname(FLAGS[name].value) or ".", "flag", f"--{name}")
+    phase_run.plan.check_launched(tfsyncmodes.resolve())  # a schedule through async needs the launcher
     strategy = tfsyncmodes.make_strategy()
     if strategy.is_chief:
         # The knobs the mode uses; every knob with --verbosity=1.

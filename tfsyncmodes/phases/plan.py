@@ -111,6 +111,16 @@ class PhaseContext:
                 "phases": [dataclasses.asdict(p) for p in self.phases]}
 
 
+def check_launched(config, environ: Optional[Mapping[str, str]] = None) -> None:
+    """A schedule through async outside the launcher is a ConfigError (before any TensorFlow
+    work: call it before making the strategy)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(ENV_PHASE) is None and passes_through_async(config.mode_schedule):
+        raise ConfigError(config.sources.get("mode_schedule", "flag"), "mode_schedule",
+                          f"{config.mode_schedule!r} passes through async, which runs on a cluster of its own",
+                          LAUNCH_HINT)
+
+
 def context(config, epochs: int, steps_per_epoch: int,
             environ: Optional[Mapping[str, str]] = None) -> Optional[PhaseContext]:
     """This process's phase, or None outside a launched schedule. A schedule through async
@@ -118,12 +128,9 @@ def context(config, epochs: int, steps_per_epoch: int,
     the one the first phase wrote (other flags) is a ConfigError."""
     environ = os.environ if environ is None else environ
     text = config.mode_schedule
+    check_launched(config, environ)
     raw = environ.get(ENV_PHASE)
     if raw is None:
-        if passes_through_async(text):
-            raise ConfigError(config.sources.get("mode_schedule", "flag"), "mode_schedule",
-                              f"{text!r} passes through async, which runs on a cluster of its own",
-                              LAUNCH_HINT)
         return None
     if not text:
         raise ConfigError(ENV_PHASE, "value", f"{raw!r} is set but no --mode_schedule is given",
