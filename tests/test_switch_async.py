@@ -3,7 +3,6 @@ input, and one launched sync -> async -> sync run on digits (horovodrun, then a 
 horovodrun), checked against NumPy."""
 import json
 import os
-import sys
 
 import numpy as np
 import psutil

@@ -24,6 +24,7 @@ reader can prove it holds what was written.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -69,17 +70,8 @@ def build_optimizer(model, strategy=None) -> None:
     optimizer = model.optimizer
     if optimizer is None or getattr(optimizer, "built", True):
         return
-    scope = strategy.scope() if strategy is not None else _null()
-    with scope:
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
         optimizer.build(model.trainable_variables)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def values(model) -> Dict[str, np.ndarray]:
