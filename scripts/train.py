@@ -220,9 +220,10 @@ def main(argv):
             # when no tf.distribute strategy is active (the Horovod case).
             jit_compile=False,
         )
-    model_dir = os.path.join(FLAGS.model_dir, strategy.mode)
-    callbacks = strategy.callbacks(model_dir)
-    if phase is not None:
+    if phase is None:
+        model_dir = os.path.join(FLAGS.model_dir, strategy.mode)
+        callbacks = strategy.callbacks(model_dir)
+    else:  # the phase's own backup and model; the run's one TensorBoard log
         model_dir = phase.model_dir(FLAGS.model_dir)
         callbacks = strategy.callbacks(model_dir, tensorboard=False) + phase.callbacks(FLAGS.model_dir)
         phase.begin(model, FLAGS.model_dir, x_train[:512], y_train[:512])
