@@ -25,6 +25,7 @@ from absl import flags, logging  # noqa: E402
 
 import tfsyncmodes  # noqa: E402
 from tfsyncmodes.errors import ConfigError, at_least  # noqa: E402
+from tfsyncmodes.phases import run as phase_run  # noqa: E402
 from tfsyncmodes.paths import usable_directory  # noqa: E402
 
 flags.DEFINE_integer("epochs", 10, "Passes over the training set.")
@@ -177,6 +178,7 @@ def main(argv):
     for name in ("metrics_file",):
         if FLAGS[name].value:
             usable_directory(os.path.dirname(FLAGS[name].value) or ".", "flag", f"--{name}")
+    phase_run.plan.check_launched(tfsyncmodes.resolve())  # a schedule through async needs the launcher
     strategy = tfsyncmodes.make_strategy()
     if strategy.is_chief:
         # The knobs the mode uses; every knob with --verbosity=1.
@@ -193,6 +195,9 @@ def main(argv):
 
     x_train, y_train, x_test, y_test = load_data(FLAGS.seed)
     steps_per_epoch = len(x_train) // FLAGS.batch_size
+    # A phase of a --mode_schedule through async, as python -m tfsyncmodes.launch runs it (None
+    # outside one): its epochs, the checkpoint it starts from and writes, the run's History.
+    phase = phase_run.current(strategy, FLAGS.epochs, steps_per_epoch)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train))
@@ -206,7 +211,7 @@ def main(argv):
 
     with strategy.scope():
         model = build_model(x_train.shape[1])
-        if strategy.mode == "async":
+        if strategy.mode == "async" or phase is not None:  # one optimizer through every phase
             # Stale-gradient remedies (staleness-aware rate, decay) need a plain SGD step.
             optimizer = keras.optimizers.SGD(FLAGS.learning_rate or 0.02, momentum=strategy.config.momentum)
         else:
@@ -219,12 +224,20 @@ def main(argv):
             # when no tf.distribute strategy is active (the Horovod case).
             jit_compile=False,
         )
-    # A run through a --mode_schedule keeps one directory for all its phases.
-    model_dir = os.path.join(FLAGS.model_dir, "schedule" if strategy.config.mode_schedule else strategy.mode)
+    if phase is None:
+        # A run through a --mode_schedule keeps one directory for all its phases.
+        model_dir = os.path.join(FLAGS.model_dir, "schedule" if strategy.config.mode_schedule else strategy.mode)
+        callbacks = strategy.callbacks(model_dir)
+    else:  # the phase's own backup and model; the run's one TensorBoard log
+        model_dir = phase.model_dir(FLAGS.model_dir)
+        callbacks = strategy.callbacks(model_dir, tensorboard=False) + phase.callbacks(FLAGS.model_dir)
+        phase.begin(model, FLAGS.model_dir, x_train[:512], y_train[:512])
     started, started_unix = time.perf_counter(), time.time()
-    history = strategy.fit(model, dataset_fn, epochs=FLAGS.epochs, steps_per_epoch=steps_per_epoch,
-                           callbacks=strategy.callbacks(model_dir))
+    history = strategy.fit(model, dataset_fn, epochs=phase.end_epoch if phase else FLAGS.epochs,
+                           steps_per_epoch=steps_per_epoch, callbacks=callbacks)
     seconds = time.perf_counter() - started
+    if phase is not None:
+        phase.end(model, history, x_train[:512], y_train[:512])
 
     if strategy.is_chief:
         logits = np.asarray(model(x_test, training=False))
@@ -250,6 +263,8 @@ def main(argv):
                     "cross_group_lag", "dropped_updates", "mode_switches"):
             if key in history.history:
                 metrics[key] = [float(v) for v in history.history[key]]
+        if phase is not None:
+            metrics.update(phase.metrics())
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)
         if FLAGS.metrics_file:
             os.makedirs(os.path.dirname(os.path.abspath(FLAGS.metrics_file)), exist_ok=True)

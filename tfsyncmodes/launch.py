@@ -15,6 +15,10 @@ itself in a network namespace of its own with only a loopback interface: the clu
 private to this machine. ``--share_network`` keeps the machine's network (for tasks that must
 reach other hosts, e.g. to download data; the ports are then open to the network).
 
+A command whose ``--mode_schedule`` passes through async runs phase after phase, each on its
+own process layout (``horovodrun -np --np`` for sync and hybrid, this cluster for async); see
+:mod:`tfsyncmodes.phases.launching`.
+
 ``--print-tf-config --hosts a,b --workers 2 --ps 1`` starts nothing: it prints each task's
 TF_CONFIG for a cluster over those hosts (see :mod:`tfsyncmodes.tf_configs`).
 """
@@ -279,6 +283,12 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                                                       "or addresses (the chief goes on the first)")
     parser.add_argument("--port", type=_count, default=None,
                         help="with --print-tf-config: first port on each host (default 2222)")
+    parser.add_argument("--np", type=int, default=None,
+                        help="with --mode_schedule through async: horovodrun ranks of the sync and hybrid "
+                             "phases (default: --workers)")
+    parser.add_argument("--phase_dir", default="",
+                        help="with --mode_schedule through async: where the phases' checkpoints and plan "
+                             "are kept (default: a temporary directory, removed at the end)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run in every task")
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -338,13 +348,34 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         sys.stdout.write(render(args.hosts, args.workers, args.ps, args.port))
         return 0
+    phases = _phases_module() if not args.print_tf_config else None
+    if phases is not None and phases.wants_phases(args.command):
+        try:
+            phases.check(args)
+        except phases.BadInput as error:
+            print(f"tfsyncmodes.launch: error: {error}", file=sys.stderr, flush=True)
+            return 2
     if not args.share_network and os.environ.get(PRIVATE_MARK) != "1":
         prefix = private_network_prefix()
         if prefix:  # the same process (exec), so signals sent to it still reach the launcher
             sys.stdout.flush()
             os.execvpe(prefix[0], prefix + [sys.executable, "-c", _RUN_THIS_FILE, os.path.abspath(__file__), *argv],
                        dict(os.environ, **{PRIVATE_MARK: "1"}))
+    if phases is not None and phases.wants_phases(args.command):
+        return phases.run(args, Launcher, private=os.environ.get(PRIVATE_MARK) == "1")
     return Launcher(args).run()
+
+
+def _phases_module():
+    """tfsyncmodes/phases/launching.py, loaded by path (like this file, it imports nothing
+    from the package, so not TensorFlow)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "phases", "launching.py")
+    spec = importlib.util.spec_from_file_location("tfsyncmodes_phase_launching", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":

@@ -11,10 +11,13 @@ built-ins (or imported before ``make_strategy()``).
 """
 from __future__ import annotations
 
+import os
 from typing import List, Sequence
 
 from tfsyncmodes import schedule
 from tfsyncmodes.registry import SWITCH_PLANS
+
+PHASE_ENV = "TFSYNC_PHASE"  # set by the launcher in each phase of a schedule through async
 
 
 class SwitchPlan:
@@ -41,7 +44,11 @@ class SchedulePlan(SwitchPlan):
     knob = "mode_schedule"
 
     def modes(self, config):
-        return schedule.modes(config.mode_schedule) if config.mode_schedule else ()
+        if not config.mode_schedule or os.environ.get(PHASE_ENV) is not None:
+            # Inside a phase the launcher runs (a schedule through async), the process trains
+            # in that phase's mode only: tfsyncmodes.phases switches between processes.
+            return ()
+        return schedule.modes(config.mode_schedule)
 
     def callbacks(self, strategy):
         from tfsyncmodes.keras.switching import ScheduleSwitch
