@@ -338,6 +338,9 @@ def check_as_periodic_and_elastic(results, periodic, steps):
     for name in ELASTIC:  # the center is optimizer state (saved, broadcast) and the final model
         for w in results[name]:
             np.testing.assert_array_equal(w["center"], np.concatenate([w["kernel"].ravel(), w["bias"].ravel()]))
+    # Elastic's Top-K payloads travel only at its rounds (steps 1, warm-up, and 3 of 4): k values + k indices.
+    k = int(np.ceil(0.25 * (reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS)))
+    assert float(results["elastic_topk"][0]["bytes_sent"]) == pytest.approx(8 * k * 2 / steps)
     w = results["elastic_topk"][0]
     x, y = reference.linear_data(steps, 4)
     groups = [list(g) for g in w["groups"]]
