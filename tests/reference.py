@@ -112,7 +112,7 @@ def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
 def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0.01,
                     error_feedback=True, staleness=0, cross_group="stale", warmup_steps=0, lr=LR,
                     consensus=True, schedule=None, staleness_aware_lr=True, outer_optimizer="average",
-                    outer_lr=0.0, outer_momentum=0.9):
+                    outer_lr=0.0, outer_momentum=0.9, elastic_alpha=0.0):
     """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias],
     with `consensus`, at the end every group holds the mean over all ranks (the final model average).
 
@@ -129,6 +129,10 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     periodic: an average every step). periodic's `outer_optimizer`: average moves the anchor by
     outer_lr (default 1) x the mean change; nesterov (outer_lr default 0.7) is PyTorch's SGD with
     Nesterov momentum on the pseudo-gradient -(mean change).
+    elastic: each group applies its own mean gradient; on periodic's schedule the groups'
+    differences to the center go through error feedback and the compressor, the center moves
+    by alpha x their sum, then each group moves groups x alpha of the way to the new center
+    (alpha 0: 0.9 / groups); at the end every group holds the center.
     """
     start = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     size = _flat(start).size
@@ -144,7 +148,7 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
             grads = [_flat(mse_gradients(*[p.astype(np.float64) for p in params[g]], x[step, r], y[step, r]))
                      for r in ranks]
             means.append(np.mean(grads, axis=0, dtype=np.float64).astype(np.float32))
-        if cross_group == "periodic":
+        if cross_group in ("periodic", "elastic"):
             updates = means
         else:
             rounds.append(_cross_group_send(means, residuals, compression, topk_ratio,
@@ -176,11 +180,30 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
             else:
                 anchor = (anchor + np.float32(outer_lr or 1.0) * mean_change).astype(np.float32)
             params = [_unflat(anchor, start) for _ in groups]
+        if cross_group == "elastic" and ((step + 1) % (staleness + 1) == 0 or step < warmup_steps):
+            params, anchor = elastic_round(params, anchor, residuals, compression, topk_ratio,
+                                           error_feedback, elastic_alpha, start)
+    if cross_group == "elastic" and consensus and len(groups) > 1:
+        return [_unflat(anchor, start) for _ in groups]
     if not consensus or len(groups) == 1:
         return params
     ranks = [_flat(params[g]) for g, group in enumerate(groups) for _ in group]
     consensus = _unflat(np.sum(ranks, axis=0, dtype=np.float32) / np.float32(len(ranks)), start)
     return [consensus for _ in groups]
+
+
+def elastic_round(params, center, residuals, compression, ratio, error_feedback, alpha, like):
+    """One EASGD round across groups (``--cross_group=elastic``): returns the groups' models
+    and the center after it. The center moves by alpha x the sum of the groups' compressed
+    differences to it (as the policy adds them: its own payload + the others'), then each
+    group moves beta = groups x alpha of the way to the new center."""
+    groups = len(params)
+    alpha = alpha or 0.9 / groups
+    keep = np.float32(1.0 - groups * alpha)  # what is left of a group's distance to the center
+    deltas = [_flat(p) - center for p in params]
+    sent, others = _cross_group_send(deltas, residuals, compression, ratio, error_feedback)
+    center = (center + np.float32(alpha) * (sent[0] + others[0]).astype(np.float32)).astype(np.float32)
+    return [_unflat(center + keep * (_flat(p) - center), like) for p in params], center
 
 
 def compressed_mean_training(kernel, bias, x, y, compression, ratio=0.01, error_feedback=True, lr=LR):

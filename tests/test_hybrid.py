@@ -156,12 +156,29 @@ def test_groups_that_do_not_fit_the_world(knobs, world, words):
     ({"TFSYNC_COMPRESSION": "zip"}, ["TFSYNC_COMPRESSION", "none, fp16, topk"]),
     ({"TFSYNC_STALENESS": "-1"}, ["TFSYNC_STALENESS", "out of range"]),
     ({"TFSYNC_CROSS_GROUP": "gossip"}, ["TFSYNC_CROSS_GROUP", "stale, periodic"]),
+    ({"TFSYNC_ELASTIC_ALPHA": "1.5"}, ["TFSYNC_ELASTIC_ALPHA", "out of range", "[0.0, 1.0]"]),
 ])
 def test_bad_hybrid_knobs_name_source_field_and_fix(environ, words):
     with pytest.raises(ConfigError) as raised:
         config_lib.resolve(environ=environ, use_flags=False)
     for word in words:
         assert word in str(raised.value)
+
+
+def test_elastic_alpha_is_the_papers_by_default_and_keeps_the_center_within_the_groups():
+    from tfsyncmodes.exchange.elastic import elastic_alpha
+
+    assert config_lib.resolve({"cross_group": "elastic"}, environ={}, use_flags=False).cross_group == "elastic"
+    default = config_lib.resolve({}, environ={}, use_flags=False)
+    assert elastic_alpha(default, 2) == pytest.approx(0.9 / 2) and elastic_alpha(default, 4) == pytest.approx(0.9 / 4)
+    assert elastic_alpha(config_lib.resolve({"elastic_alpha": 0.25}, environ={}, use_flags=False), 4) == 0.25
+    for environ, groups, words in [({"TFSYNC_ELASTIC_ALPHA": "0.3"}, 4, ["environment: TFSYNC_ELASTIC_ALPHA",
+                                                                         "0.3 times 4 groups is above 1", "(0, 0.25]"]),
+                                   ({"TFSYNC_ELASTIC_ALPHA": "0.6"}, 2, ["TFSYNC_ELASTIC_ALPHA", "(0, 0.5]"])]:
+        with pytest.raises(ConfigError) as raised:
+            elastic_alpha(config_lib.resolve(environ=environ, use_flags=False), groups)
+        for word in words:
+            assert word in str(raised.value)
 
 
 def errors_of(result):
@@ -206,12 +223,25 @@ SCENARIOS = {
     "periodic_nesterov_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
                                "outer_optimizer": "nesterov"},
 }
+# The same as periodic_topk written two other ways: the outer step `average` with outer lr 1.0,
+# and EASGD with alpha = 1 / groups (the center becomes the mean, every group lands on it).
+AS_PERIODIC = {
+    "periodic_average_lr1": dict(SCENARIOS["periodic_topk"], outer_optimizer="average", outer_lr=1.0),
+    "elastic_as_periodic": dict(SCENARIOS["periodic_topk"], cross_group="elastic", elastic_alpha=0.5),
+}
+ELASTIC = {  # EASGD: the paper's default alpha (0.9 / 2 groups) dense; alpha 0.3 with Top-K, error
+    # feedback and a warm-up round, ending off a round (so the center is not the groups' mean).
+    "elastic_none": {"compression": "none", "staleness": 1, "cross_group": "elastic"},
+    "elastic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 2, "warmup_steps": 1,
+                     "cross_group": "elastic", "elastic_alpha": 0.3},
+}
+KERAS3 = {**SCENARIOS, **AS_PERIODIC, **ELASTIC}  # one job runs them all
 
 
 def run_scenarios(tmp_path, scenarios, steps, **env):
     command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "hybrid_steps.py"), str(tmp_path),
                                               json.dumps(scenarios), f"--steps={steps}"])
-    run_checked(command, timeout=200, **env)
+    run_checked(command, timeout=max(200, 100 + 25 * len(scenarios)), **env)  # ~10 s a scenario, 2 busy cores
     return {name: [np.load(tmp_path / f"{name}.rank{r}.npz") for r in range(4)] for name in scenarios}
 
 
@@ -219,7 +249,7 @@ def rounds_schedule(workers, knobs, steps):
     """Each group's count of background rounds applied after each step, as the run recorded
     it (None: the exchange ran in the step), checked against the staleness bound."""
     staleness, warmup = knobs.get("staleness", 0), knobs.get("warmup_steps", 0)
-    if knobs.get("cross_group") == "periodic" or staleness == 0:
+    if knobs.get("cross_group", "periodic") != "stale" or staleness == 0:
         return None
     groups = [list(g) for g in workers[0]["groups"]]
     schedule = []
@@ -257,19 +287,19 @@ def check_against_numpy(workers, knobs, steps, tolerance):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
     steps = 4
-    results = run_scenarios(tmp_path, SCENARIOS, steps, TFSYNC_GROUP_SIZE=2)
+    results = run_scenarios(tmp_path, KERAS3, steps, TFSYNC_GROUP_SIZE=2)
     size = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
-    for name, knobs in SCENARIOS.items():
+    for name, knobs in KERAS3.items():
         workers = results[name]
         assert str(workers[0]["optimizer_class"]) == "SyncOptimizer"
         assert [list(g) for g in workers[0]["groups"]] == [[0, 1], [2, 3]]
         check_against_numpy(workers, knobs, steps, tolerance=1e-6)
         if name != "plain":  # groups drift apart (before the final mean; between averages)
             x, y = reference.linear_data(steps, 4)
-            if knobs["cross_group"] == "periodic":  # stop after an update that no average follows
+            if knobs["cross_group"] != "stale":  # stop after an update that no average follows
                 period, n = knobs["staleness"] + 1, steps
                 while n % period == 0 or n <= knobs.get("warmup_steps", 0):
                     n -= 1
@@ -294,19 +324,44 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
         w = results[name][0]
         assert float(w["bytes_sent"]) == pytest.approx(sent)
         assert float(w["compression_ratio"]) == pytest.approx(ratio or sent / (4 * size))
+    check_as_periodic_and_elastic(results, "periodic_topk", steps)
+
+
+def check_as_periodic_and_elastic(results, periodic, steps):
+    """The special cases equal plain periodic averaging bit for bit; elastic differs from it,
+    and its final model is the center, not the groups' mean."""
+    for name in AS_PERIODIC:
+        for w, p in zip(results[name], results[periodic]):
+            np.testing.assert_array_equal(w["kernel"], p["kernel"])
+            np.testing.assert_array_equal(w["bias"], p["bias"])
+    assert np.abs(results["elastic_none"][0]["kernel"] - results[periodic][0]["kernel"]).max() > 1e-4
+    for name in ELASTIC:  # the center is optimizer state (saved, broadcast) and the final model
+        for w in results[name]:
+            np.testing.assert_array_equal(w["center"], np.concatenate([w["kernel"].ravel(), w["bias"].ravel()]))
+    # Elastic's Top-K payloads travel only at its rounds (steps 1, warm-up, and 3 of 4): k values + k indices.
+    k = int(np.ceil(0.25 * (reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS)))
+    assert float(results["elastic_topk"][0]["bytes_sent"]) == pytest.approx(8 * k * 2 / steps)
+    w = results["elastic_topk"][0]
+    x, y = reference.linear_data(steps, 4)
+    groups = [list(g) for g in w["groups"]]
+    apart = reference.hybrid_training(w["kernel0"], w["bias0"], x, y, groups, consensus=False, **ELASTIC["elastic_topk"])
+    assert np.abs(np.mean([a[0] for a in apart], axis=0) - w["kernel"]).max() > 1e-4
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(330)
 def test_hybrid_tf_keras_explicit_groups_stale_topk_and_outer_nesterov_equal_numpy(tmp_path):
     knobs = {"compression": "topk", "topk_ratio": 0.2, "staleness": 1, "cross_group": "stale",
              "staleness_aware_lr": False}  # late rounds count in full (Keras 3 covers the discount)
     nesterov = {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
                 "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8}
-    results = run_scenarios(tmp_path, {"stale_topk": knobs, "periodic_nesterov": nesterov}, steps=4,
-                            TFSYNC_GROUPS="0,2;1,3", TF_USE_LEGACY_KERAS=1)
-    for name, scenario in (("stale_topk", knobs), ("periodic_nesterov", nesterov)):
+    # Also under tf_keras: plain periodic and its two special cases, and elastic averaging.
+    scenarios = {"stale_topk": knobs, "periodic_nesterov": nesterov, "periodic_topk": SCENARIOS["periodic_topk"],
+                 **AS_PERIODIC, **ELASTIC}
+    results = run_scenarios(tmp_path, scenarios, steps=4, TFSYNC_GROUPS="0,2;1,3", TF_USE_LEGACY_KERAS=1)
+    for name, scenario in scenarios.items():
         workers = results[name]
         assert str(workers[0]["optimizer_class"]) == "SyncSGD"
         assert [list(g) for g in workers[0]["groups"]] == [[0, 2], [1, 3]]
         check_against_numpy(workers, scenario, steps=4, tolerance=1e-6)
+    check_as_periodic_and_elastic(results, "periodic_topk", steps=4)

@@ -198,7 +198,9 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("cross_group", "cross_group", "periodic", _registered(registry.CROSS_GROUP),
          "Hybrid: periodic (local SGD: groups average their model changes every "
          "staleness+1 steps, and their models at the end) or stale (a background exchange "
-         "every step, applied as soon as it is in and at most staleness steps late).",
+         "every step, applied as soon as it is in and at most staleness steps late). "
+         "elastic: EASGD, groups and a center copy of the model pull toward each other every "
+         "staleness+1 steps (elastic_alpha); the final model is the center.",
          modes=("hybrid",)),
     Knob("outer_optimizer", "outer_optimizer", "average", _registered(registry.OUTER_OPTIMIZERS),
          "Hybrid, cross_group=periodic: how the groups' mean change is applied at each average: "
@@ -215,6 +217,12 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("warmup_steps", "warmup_steps", 0, _number(int, 0, 1 << 30),
          "Hybrid: the first this many steps run in lockstep (staleness 0) before the "
          "staleness bound applies.",
+         modes=("hybrid",)),
+    Knob("elastic_alpha", "elastic_alpha", 0.0, _number(float, 0.0, 1.0),
+         "Hybrid, cross_group=elastic: the elastic coefficient alpha; the center moves "
+         "alpha * (sum of the groups' differences to it), then each group moves groups * alpha of "
+         "the way to the new center (0: the EASGD paper's 0.9 / groups; 1 / groups is periodic "
+         "averaging; groups * alpha must be <= 1).",
          modes=("hybrid",)),
 )
 KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}

@@ -6,7 +6,7 @@
 | :data:`BACKENDS` | ``--sync_backend`` | a sync-mode strategy class | ``strategies/{horovod,mirrored}.py`` |
 | :data:`COMPRESSORS` | ``--compression`` | a :class:`~tfsyncmodes.exchange.compressors.Compressor` class | ``exchange/compressors.py`` |
 | :data:`MEMORIES` | ``--error_feedback`` | a :class:`~tfsyncmodes.exchange.memory.Memory` class | ``exchange/memory.py`` |
-| :data:`CROSS_GROUP` | ``--cross_group`` | a :class:`~tfsyncmodes.exchange.policies.CrossGroupPolicy` class | ``exchange/policies.py`` |
+| :data:`CROSS_GROUP` | ``--cross_group`` | a :class:`~tfsyncmodes.exchange.policies.CrossGroupPolicy` class | ``exchange/policies.py``, ``exchange/elastic.py`` |
 | :data:`OUTER_OPTIMIZERS` | ``--outer_optimizer`` | an outer optimizer class (``step(anchor, mean_change)``) | ``exchange/outer.py`` |
 | :data:`SWITCH_PLANS` | ``--mode_schedule`` (and switch policies) | a :class:`~tfsyncmodes.switching.plans.SwitchPlan` class | ``switching/plans.py`` |
 
@@ -68,6 +68,6 @@ MODES = Registry("mode", ["tfsyncmodes.strategies.sync", "tfsyncmodes.strategies
 BACKENDS = Registry("backend", ["tfsyncmodes.strategies.horovod", "tfsyncmodes.strategies.mirrored"])
 COMPRESSORS = Registry("compression", ["tfsyncmodes.exchange.compressors"])
 MEMORIES = Registry("memory", ["tfsyncmodes.exchange.memory"])
-CROSS_GROUP = Registry("cross_group", ["tfsyncmodes.exchange.policies"])
+CROSS_GROUP = Registry("cross_group", ["tfsyncmodes.exchange.policies", "tfsyncmodes.exchange.elastic"])
 OUTER_OPTIMIZERS = Registry("outer_optimizer", ["tfsyncmodes.exchange.outer"])
 SWITCH_PLANS = Registry("switch plan", ["tfsyncmodes.switching.plans"])

@@ -75,6 +75,8 @@ def main(argv):
                                callbacks=[rounds])
         found = links(model.optimizer)
         final = model.get_weights()
+        center = [np.asarray(v) for v in model.optimizer.variables
+                  if "elastic_center" in (getattr(v, "path", None) or v.name)]  # elastic's state
         np.savez(os.path.join(args.outdir, f"{name}.rank{rank}.npz"),
                  kernel0=initial[0], bias0=initial[1], kernel=final[0], bias=final[1],
                  iterations=int(np.asarray(model.optimizer.iterations)),
@@ -85,6 +87,7 @@ def main(argv):
                  schedule=np.array(rounds.after_step, np.int64),
                  lag=history.history.get("cross_group_lag", [-1.0])[-1],
                  optimizer_class=type(model.optimizer).__name__, groups_knob=base.groups,
+                 center=center[0] if center else np.zeros(0, np.float32),
                  description=strategy.describe())
 
 
