@@ -1,0 +1,132 @@
+"""Online switching: ``--slow_worker`` windows, the straggler policy's decision and
+``--sync_mode=auto``'s rule (pure), and real runs: a transient straggler whose slowdown shows
+only inside its window, and the straggler policy in a horovodrun -np 4 job."""
+import os
+import time
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, clean_env
+from tfsyncmodes import config
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.switching import auto
+from tfsyncmodes.switching.decision import StragglerDecider, own_step_times, slow_first_groups
+from tfsyncmodes.testing import localrun
+
+TRAIN = os.path.join(REPO, "scripts", "train.py")
+
+
+# --- --slow_worker=INDEX:FACTOR[@START%-END%] ----------------------------------------------
+
+@pytest.mark.parametrize("text, canonical", [
+    ("1:4", "1:4.0"), ("1:4.0@30%-60%", "1:4.0@30%-60%"), (" 2:2.5@0%-100% ", "2:2.5@0%-100%"),
+    ("0:3@12.5%-50%", "0:3.0@12.5%-50%"), ("", ""),
+])
+def test_slow_worker_accepts_both_forms(text, canonical):
+    resolved = config.resolve({"slow_worker": text}, environ={}, use_flags=False)
+    assert resolved.slow_worker == canonical
+
+
+@pytest.mark.parametrize("text", ["1:4@60%-30%", "1:4@30-60", "1:4@30%", "1:4@-10%-50%", "1:4@30%-120%",
+                                  "1:0.5@10%-20%", "x:4", "1:4@a%-b%", "1:4@30%-30%"])
+def test_slow_worker_rejects_bad_windows(text):
+    with pytest.raises(ConfigError) as raised:
+        config.resolve({"slow_worker": text}, environ={}, use_flags=False)
+    assert "slow_worker" in str(raised.value) and "1:4.0@30%-60%" in str(raised.value)
+
+
+def test_bad_slow_worker_flag_is_one_line_and_exit_2():
+    result = localrun.run([PYTHON, TRAIN, "--slow_worker=1:4@60%-30%"], timeout=120, env=clean_env(), cwd=REPO)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error:")]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(errors) == 1 and "--slow_worker" in errors[0] and "Traceback" not in result.stderr
+
+
+def test_async_refuses_a_window_but_takes_the_plain_form():
+    from tfsyncmodes.testing.faults import refuse_window
+
+    with pytest.raises(ConfigError) as raised:
+        refuse_window(config.resolve({"mode": "async", "slow_worker": "1:4@30%-60%"}, environ={},
+                                     use_flags=False), "async mode")
+    assert "slow_worker" in str(raised.value) and "use 1:4.0" in str(raised.value)
+    refuse_window(config.resolve({"mode": "async", "slow_worker": "1:4"}, environ={}, use_flags=False), "async mode")
+
+
+def test_window_slows_only_inside_it():
+    """A real Keras fit of 40 steps with rank 0 slowed 6x during 25 %-50 % of the run: the
+    steps inside the window take several times as long as those outside it."""
+    from tfsyncmodes.keras.compat import keras
+    import numpy as np
+    from tfsyncmodes.testing.faults import SlowWorker, parse_spec
+
+    spec = parse_spec(config.resolve({"slow_worker": "0:6@25%-50%"}, environ={}, use_flags=False).slow_worker)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(0).standard_normal((64 * 20, 64)).astype("float32")
+    y = np.zeros(len(x), "int32")
+    began = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            began.append(time.perf_counter())
+
+        def on_train_end(self, logs=None):
+            began.append(time.perf_counter())
+
+    slow = SlowWorker(spec.factor, (spec.start, spec.end))
+    model.fit(x, y, batch_size=64, epochs=2, steps_per_epoch=20, verbose=0, callbacks=[Clock(), slow])
+    steps = np.diff(began)  # step k = begin k -> begin k+1, SlowWorker's sleep included
+    assert len(steps) == 40 and slow._steps == (10, 20)
+    inside, outside = np.median(steps[10:20]), np.median(np.concatenate([steps[2:10], steps[21:]]))
+    assert inside > 2.5 * outside, (inside, outside, steps)
+    assert [slow.slow_at(k) for k in (9, 10, 19, 20)] == [False, True, True, False]
+
+
+# --- the straggler policy's decision (pure) ------------------------------------------------
+
+def test_decider_switches_after_patience_and_back_with_hysteresis():
+    decider = StragglerDecider(threshold=1.5, patience=2, group_size=2)
+    even, slow1, middling = [1.0, 1.0, 1.0, 1.0], [1.0, 4.0, 1.1, 0.9], [1.0, 1.4, 1.0, 1.0]
+    modes = []
+    for times in [even, slow1, even, slow1, slow1, slow1, middling, even, middling, even, even]:
+        decision = decider.observe(times)
+        modes.append((decision.mode, decision.switched))
+    # One slow window is not enough; two in a row are. 1.4 is below 1.5 but above the lower
+    # threshold 1.25, so it neither switches to hybrid nor counts towards leaving it.
+    assert modes == [("sync", False), ("sync", False), ("sync", False), ("sync", False), ("hybrid", True),
+                     ("hybrid", False), ("hybrid", False), ("hybrid", False), ("hybrid", False),
+                     ("hybrid", False), ("sync", True)]
+    assert decider.low == 1.25
+
+
+def test_decider_groups_slow_ranks_together_and_logs_its_figures():
+    decider = StragglerDecider(threshold=1.5, patience=1, group_size=2)
+    decision = decider.observe([1.0, 4.0, 1.0, 3.0])
+    assert decision.switched and decision.groups == ((1, 3), (0, 2))
+    assert decision.slowest == 1 and decision.median == 2.0 and decision.ratio == 2.0
+    line = decision.line()
+    assert "switch to hybrid groups=1,3;0,2" in line and "slowest rank 1 at 2.00x" in line
+    assert "[1000.0,4000.0,1000.0,3000.0]" in line
+    assert slow_first_groups([1.0, 1.0, 1.0, 1.0], 2) == ((0, 1), (2, 3))
+
+
+def test_own_step_times_take_out_the_wait_for_peers():
+    # Rank 1 sleeps 30 ms between steps; the others wait for it inside their train function.
+    cycle, in_step = [40.0, 40.0, 40.0, 40.0], [38.0, 10.0, 38.5, 37.5]
+    assert own_step_times(cycle, in_step) == [12.0, 40.0, 11.5, 12.5]
+
+
+# --- --sync_mode=auto's rule (pure) ---------------------------------------------------------
+
+def test_auto_rule():
+    one = auto.choose([0.0], 0.0, 1.5, 1)
+    assert (one.mode, one.switch_policy) == ("sync", "none")
+    slow_link = auto.choose([0.010, 0.011, 0.010, 0.012], 0.020, 1.5, 2)
+    assert slow_link.mode == "hybrid" and "exchange takes" in slow_link.reason and "66% of a step" in slow_link.reason
+    straggler = auto.choose([0.010, 0.040, 0.011, 0.010], 0.002, 1.5, 2)
+    assert (straggler.mode, straggler.groups) == ("hybrid", ((1, 2), (0, 3)))
+    assert "slowest/median 3.81" in straggler.reason
+    even = auto.choose([0.010, 0.011, 0.010, 0.012], 0.002, 1.5, 2)
+    assert (even.mode, even.switch_policy) == ("sync", "straggler")
+    assert "\n" not in even.reason and "MB/s" in even.reason
