@@ -54,6 +54,10 @@ flags.DEFINE_float("compute_ms", 0.0,
 flags.DEFINE_string("compute_slow_worker", "",
                     "With --compute_ms: 'INDEX:FACTOR' makes worker INDEX wait FACTOR times as long.")
 
+flags.DEFINE_bool("eval_each_epoch", False,
+                  "The chief measures the test accuracy at each epoch's end (its own model) and "
+                  "writes it, with the seconds since training began, to --metrics_file.")
+
 FLAGS = flags.FLAGS
 NUM_CLASSES = 10
 
@@ -217,8 +221,17 @@ def main(argv):
         )
     model_dir = os.path.join(FLAGS.model_dir, strategy.mode)
     started, started_unix = time.perf_counter(), time.time()
+    curve = []  # (seconds since the start, test accuracy) at each epoch's end, on the chief
+
+    class EpochAccuracy(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seconds = time.perf_counter() - started
+            logits = np.asarray(model(x_test, training=False))
+            curve.append((round(seconds, 3), float(np.mean(np.argmax(logits, axis=1) == y_test))))
+
+    extra = [EpochAccuracy()] if FLAGS.eval_each_epoch and strategy.is_chief else []
     history = strategy.fit(model, dataset_fn, epochs=FLAGS.epochs, steps_per_epoch=steps_per_epoch,
-                           callbacks=strategy.callbacks(model_dir))
+                           callbacks=strategy.callbacks(model_dir) + extra)
     seconds = time.perf_counter() - started
 
     if strategy.is_chief:
@@ -238,6 +251,8 @@ def main(argv):
             "params": int(model.count_params()), "batch_size": FLAGS.batch_size,
             "steps_per_epoch": steps_per_epoch, "fit_started_unix": started_unix,
         }
+        if curve:
+            metrics["epoch_seconds"], metrics["epoch_accuracy"] = [c[0] for c in curve], [c[1] for c in curve]
         for key in ("staleness_mean", "staleness_max", "staleness", "bytes_sent", "compression_ratio",
                     "cross_group_lag"):
             if key in history.history:
