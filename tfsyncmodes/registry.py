@@ -8,6 +8,7 @@
 | :data:`MEMORIES` | ``--error_feedback`` | a :class:`~tfsyncmodes.exchange.memory.Memory` class | ``exchange/memory.py`` |
 | :data:`CROSS_GROUP` | ``--cross_group`` | a :class:`~tfsyncmodes.exchange.policies.CrossGroupPolicy` class | ``exchange/policies.py`` |
 | :data:`OUTER_OPTIMIZERS` | ``--outer_optimizer`` | an outer optimizer class (``step(anchor, mean_change)``) | ``exchange/outer.py`` |
+| :data:`SWITCH_PLANS` | ``--mode_schedule`` (and switch policies) | a :class:`~tfsyncmodes.switching.plans.SwitchPlan` class | ``switching/plans.py`` |
 
 A new part is one module with one ``@REGISTRY.register("name")`` (and, for a part outside
 this package, an import of that module before the configuration is resolved). The config's
@@ -69,3 +70,4 @@ COMPRESSORS = Registry("compression", ["tfsyncmodes.exchange.compressors"])
 MEMORIES = Registry("memory", ["tfsyncmodes.exchange.memory"])
 CROSS_GROUP = Registry("cross_group", ["tfsyncmodes.exchange.policies"])
 OUTER_OPTIMIZERS = Registry("outer_optimizer", ["tfsyncmodes.exchange.outer"])
+SWITCH_PLANS = Registry("switch plan", ["tfsyncmodes.switching.plans"])

@@ -171,6 +171,18 @@ class BackgroundExchange:
         if self._error is not None:
             raise RuntimeError(f"hybrid cross-group exchange failed: {self._error}")
 
+    def discard(self) -> None:
+        """After :meth:`flush`: drops the rounds that came in but were not applied, so that
+        the next step starts with none pending (a switch out of hybrid, whose final model
+        average replaces them)."""
+        if self._thread is None:
+            return
+        self.flush()
+        pending = int(self._sent.numpy() - self.applied.numpy())
+        if pending > 0:
+            self._inbox.dequeue_many(pending)
+        self.applied.assign(self._sent)
+
     def close(self) -> None:
         if self._thread is None:
             return

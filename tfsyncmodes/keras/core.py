@@ -26,8 +26,7 @@ class SyncCore:
     def __init__(self, config, strategy=None):
         self.config = config
         self.strategy = strategy
-        mode = registry.MODES.get(config.mode, config.sources.get("mode", "argument"), "mode")()
-        self.exchange: Chain = mode.exchange(config, strategy)
+        self.exchange: Chain = exchange_for(config, strategy)
         self.variables: Sequence = ()
 
     @classmethod
@@ -72,6 +71,20 @@ class SyncCore:
 
     def get_config(self) -> Dict[str, Any]:
         return config_lib.knob_values(self.config)
+
+
+def exchange_for(config, strategy) -> Chain:
+    """The mode's exchange; when a switch plan is in force (``--mode_schedule``), one exchange
+    per mode of the plan behind a holder that runs the active one."""
+    from tfsyncmodes import switching
+
+    planned = switching.plan_for(config)
+    if planned is not None:
+        from tfsyncmodes.strategies.scheduled import SwitchingMode
+
+        return SwitchingMode(*planned).exchange(config, strategy)
+    mode = registry.MODES.get(config.mode, config.sources.get("mode", "argument"), "mode")()
+    return mode.exchange(config, strategy)
 
 
 class SyncCoreAccess:

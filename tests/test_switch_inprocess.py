@@ -1,0 +1,185 @@
+"""Switching between sync and hybrid within one horovodrun job (``--mode_schedule``): the
+steps just before and after every switch against NumPy, one model and one optimizer state on
+every rank after a switch to sync, the logs and markers of each switch, and bad schedules."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests import reference
+from tests.conftest import PYTHON, REPO, WORKERS, clean_env, run_checked
+from tfsyncmodes import schedule as schedule_lib
+from tfsyncmodes import switching
+from tfsyncmodes.config import resolve
+from tfsyncmodes.testing import localrun
+
+EPOCHS, STEPS = 3, 4  # 12 steps; every epoch feeds the same 4 batches
+
+
+# --- in this process -------------------------------------------------------------------------
+
+def test_a_schedule_is_a_switch_plan_with_one_config_per_mode():
+    config = resolve({"mode_schedule": "sync:10%,hybrid:80%,sync"}, environ={"TFSYNC_TOPK_RATIO": "0.5"},
+                     use_flags=False)
+    plan, modes = switching.plan_for(config)
+    assert modes == ("sync", "hybrid") and type(plan).__name__ == "SchedulePlan"
+    hybrid, sync = switching.mode_config(config, "hybrid"), switching.mode_config(config, "sync")
+    # Knobs left at their default take each mode's default; knobs given stay as given.
+    assert (hybrid.mode, hybrid.compression, hybrid.topk_ratio) == ("hybrid", "topk", 0.5)
+    assert (sync.mode, sync.compression, sync.topk_ratio) == ("sync", "none", 0.5)
+    assert switching.plan_for(resolve({}, environ={}, use_flags=False)) is None
+    assert [switching.mode_code(m) for m in ("sync", "async", "hybrid")] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("flags, environ, words", [
+    (["--mode_schedule=sync:1e,async"], {}, "run it with python -m tfsyncmodes.launch"),
+    (["--mode_schedule=sync:1e,hybrid"], {}, "needs horovodrun"),
+])
+def test_schedules_this_process_cannot_run_are_one_line_exit_2(flags, environ, words):
+    run = subprocess.run([PYTHON, "scripts/train.py", "--epochs=1", *flags], capture_output=True, text=True,
+                         timeout=180, cwd=REPO, env=clean_env(**environ))
+    lines = [line for line in run.stderr.splitlines() if line.startswith("tfsyncmodes: error")]
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert len(lines) == 1 and words in lines[0] and "mode_schedule" in lines[0], run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+
+
+# --- horovodrun -np 4, two groups of two ------------------------------------------------------
+
+def _flat(params):
+    return np.concatenate([np.asarray(p, np.float64).reshape(-1) for p in params])
+
+
+def _split(flat):
+    k = reference.FEATURES * reference.OUTPUTS
+    return flat[:k].reshape(reference.FEATURES, reference.OUTPUTS), flat[k:]
+
+
+def expected_steps(initial, phases, groups, knobs, rounds=None):
+    """Each rank's weights at the start (after the switch callbacks) and at the end of every
+    step: sync phases take the mean gradient of all ranks; a hybrid phase is a fresh hybrid run
+    from the phase's first weights (group means, cross-group policy) that ends with the mean of
+    the groups' models. `rounds[g][t]`: background rounds group g applied after step t."""
+    x, y = reference.linear_data(STEPS, 4)
+    total = phases[-1].end
+    xs, ys = np.concatenate([x] * EPOCHS)[:total], np.concatenate([y] * EPOCHS)[:total]
+    of_rank = [next(g for g, ranks in enumerate(groups) if r in ranks) for r in range(4)]
+    begin, end = np.zeros((total, 4, initial.size)), np.zeros((total, 4, initial.size))
+    start, hybrid_steps = np.asarray(initial, np.float64), 0
+    for phase in phases:
+        for t in range(phase.start, phase.end):
+            px, py = xs[phase.start:t + 1], ys[phase.start:t + 1]
+            if phase.mode == "sync":
+                after = [_flat(reference.mean_gradient_training(*_split(start), px, py))] * 4
+            else:
+                schedule = None if rounds is None else [
+                    [c - hybrid_steps for c in rounds[g][phase.start:t + 1]] for g in range(len(groups))]
+                per_group = reference.hybrid_training(*_split(start), px, py, groups, consensus=False,
+                                                      schedule=schedule, **knobs)
+                after = [_flat(per_group[of_rank[r]]) for r in range(4)]
+            begin[t] = end[t - 1] if t > phase.start else start
+            end[t] = after
+        if phase.mode == "hybrid":  # leaving hybrid (or the end of training): the groups' mean
+            hybrid_steps += phase.steps
+            start = np.mean(end[phase.end - 1], axis=0)
+        else:
+            start = end[phase.end - 1][0]
+    return begin, end, start
+
+
+def run_job(tmp_path, optimizers, **env):
+    command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "switch_steps.py"), str(tmp_path),
+                                              f"--optimizers={optimizers}", f"--epochs={EPOCHS}",
+                                              f"--steps={STEPS}"])
+    result = run_checked(command, timeout=240, TFSYNC_GROUP_SIZE=env.pop("TFSYNC_GROUP_SIZE", 2), **env)
+    return result, {name: [np.load(tmp_path / f"{name}.rank{r}.npz") for r in range(4)]
+                    for name in optimizers.split(",")}
+
+
+def check_switches(workers, text, knobs, optimizer_class, rounds=None, tolerance=1e-5):
+    phases = schedule_lib.phases(text, EPOCHS * STEPS, STEPS)
+    groups = [list(g) for g in workers[0]["groups"]]
+    begin, end, final = expected_steps(workers[0]["initial"], phases, groups, knobs, rounds)
+    for rank, w in enumerate(workers):
+        assert str(w["optimizer_class"]) == optimizer_class
+        assert int(w["iterations"]) == EPOCHS * STEPS
+        for phase in phases:  # the steps just before and just after each switch, and the ends
+            for t in {phase.start, phase.start + 1, phase.end - 2, phase.end - 1} & set(range(phase.start, phase.end)):
+                np.testing.assert_allclose(w["begin"][t], begin[t][rank], rtol=0, atol=tolerance,
+                                           err_msg=f"rank {rank} start of step {t} ({phase.mode})")
+                np.testing.assert_allclose(w["end"][t], end[t][rank], rtol=0, atol=tolerance,
+                                           err_msg=f"rank {rank} end of step {t} ({phase.mode})")
+        np.testing.assert_allclose(w["final"], final, rtol=0, atol=tolerance)
+        # The mode in every step's logs, and in History per epoch (at the epoch's end).
+        assert list(w["modes"]) == [switching.mode_code(schedule_lib.mode_at(phases, t))
+                                    for t in range(EPOCHS * STEPS)]
+        history = json.loads(str(w["history"]))
+        assert history["mode"] == [switching.mode_code(schedule_lib.mode_at(phases, (e + 1) * STEPS - 1))
+                                   for e in range(EPOCHS)]
+        boundaries = [p.start for p in phases[1:]]
+        assert history["mode_switches"] == [sum(e * STEPS <= b < (e + 1) * STEPS for b in boundaries)
+                                            for e in range(EPOCHS)]
+        assert json.loads(str(w["switches"])) == [[b.start, a.mode, b.mode] for a, b in zip(phases, phases[1:])]
+    # Groups really drifted apart in each hybrid phase (so the mean at its end mattered).
+    hybrid = [p for p in phases if p.mode == "hybrid"]
+    assert all(np.abs(end[p.end - 1][groups[0][0]] - end[p.end - 1][groups[1][0]]).max() > 1e-4 for p in hybrid)
+    # After every switch to sync, every rank holds the same bits, to the end.
+    for phase in phases:
+        if phase.mode == "sync" and phase.start > 0:
+            for t in range(phase.start, EPOCHS * STEPS):
+                for w in workers[1:]:
+                    np.testing.assert_array_equal(w["begin"][t], workers[0]["begin"][t])
+                    np.testing.assert_array_equal(w["end"][t], workers[0]["end"][t])
+    # The chief's TensorBoard marker at each switch step.
+    markers = json.loads(str(workers[0]["markers"]))
+    assert [m[0] for m in markers[1:]] == [p.start for p in phases[1:]]
+    assert all(f"{a.mode} -> {b.mode} at step {b.start}" in m[1] for (a, b), m in zip(zip(phases, phases[1:]), markers[1:]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_keras3_sync_hybrid_sync_periodic_equal_numpy_and_one_state_after(tmp_path):
+    text = "sync:3,hybrid:6,sync"
+    knobs = {"compression": "topk", "topk_ratio": 0.25, "staleness": 3, "cross_group": "periodic"}
+    result, runs = run_job(tmp_path, "sgd,adam", TFSYNC_MODE_SCHEDULE=text, TFSYNC_TOPK_RATIO=0.25,
+                           TFSYNC_STALENESS=3)
+    check_switches(runs["sgd"], text, knobs, "SyncOptimizer")
+    # Adam: groups' moments differ after hybrid; the switch averages them with the weights, so
+    # sync keeps every rank on the same bits.
+    adam = runs["adam"]
+    for t in range(9, EPOCHS * STEPS):
+        for w in adam[1:]:
+            np.testing.assert_array_equal(w["end"][t], adam[0]["end"][t])
+    assert np.abs(adam[0]["end"][8] - adam[2]["end"][8]).max() > 1e-4
+    # One log line per switch, on the chief only.
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if "switched" in line]
+    assert len(lines) == 4 and all(line.startswith("[0]") for line in lines), lines
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tf_keras_hybrid_sync_hybrid_stale_background_reentered_clean_equal_numpy(tmp_path):
+    text = "hybrid:3,sync:2,hybrid:5,sync"
+    knobs = {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "stale"}
+    _, runs = run_job(tmp_path, "sgd", TFSYNC_MODE_SCHEDULE=text, TFSYNC_TOPK_RATIO=0.25, TFSYNC_STALENESS=1,
+                      TFSYNC_CROSS_GROUP="stale", TFSYNC_GROUPS="0,2;1,3", TF_USE_LEGACY_KERAS=1)
+    workers = runs["sgd"]
+    phases = schedule_lib.phases(text, EPOCHS * STEPS, STEPS)
+    groups = [list(g) for g in workers[0]["groups"]]
+    assert groups == [[0, 2], [1, 3]]
+    # Rounds applied after each step, per group (its ranks agree), within the staleness bound;
+    # each hybrid phase starts with none pending (sent == applied when it is entered).
+    rounds, sent = [], 0
+    for ranks in groups:
+        counts = [list(workers[r]["applied"]) for r in ranks]
+        assert counts[0] == counts[1]
+        rounds.append(counts[0])
+    for phase in phases:
+        if phase.mode == "hybrid":
+            for t in range(phase.start, phase.end):
+                sent += 1
+                assert all(sent - 1 <= r[t] <= sent for r in rounds), (rounds, t)
+    check_switches(workers, text, knobs, "SyncSGD", rounds=rounds)

@@ -1,0 +1,163 @@
+"""The public switch between modes within a run, and the ``--mode_schedule`` driver.
+
+:class:`ModeSwitch` is a Keras callback whose :meth:`~ModeSwitch.switch_to` switches the
+model's wrapped optimizer to another mode of the run at a step boundary (between two train
+steps: call it from ``on_train_batch_begin``/``_end`` or ``on_epoch_*``, on every rank at the
+same step). It finishes the outgoing exchange and starts the incoming one clean
+(:meth:`tfsyncmodes.switching.exchange.SwitchableExchange.switch`), has Keras trace the train
+function again (Keras 3 and tf_keras both call ``model.train_function`` at every step of
+``fit``), tells the strategy, logs one line on the chief and writes a TensorBoard marker.
+A policy that decides when to switch subclasses it (:class:`ScheduleSwitch` does).
+
+Logs: every batch's and epoch's logs get ``mode`` (the mode's number:
+:func:`tfsyncmodes.switching.mode_code`, sync 0, hybrid 2), epoch logs (and so History) also
+``mode_switches`` (switches in that epoch). With a ``log_dir`` the chief writes, at every
+switch step, a scalar ``mode`` and a text ``mode_switch`` ("sync -> hybrid at step 30").
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import numpy as np
+from absl import logging
+
+from tfsyncmodes import schedule as schedule_lib
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.keras.compat import keras
+from tfsyncmodes.switching import mode_code
+
+
+class ModeSwitch(keras.callbacks.Callback):
+    """Switches the model's optimizer between the run's modes; see the module doc."""
+
+    def __init__(self, strategy=None, log_dir: Optional[str] = None):
+        super().__init__()
+        self.strategy = strategy
+        self.log_dir = log_dir
+        self.switches: List[Tuple[int, str, str]] = []  # (step, from, to), this process's record
+        self._in_epoch = 0
+        self._writer = None
+
+    # --- the switch ----------------------------------------------------------------------
+    @property
+    def exchange(self):
+        """The wrapped optimizer's :class:`~tfsyncmodes.switching.exchange.SwitchableExchange`."""
+        from tfsyncmodes.switching.exchange import SwitchableExchange
+
+        exchange = getattr(getattr(self.model, "optimizer", None), "exchange", None)
+        if not isinstance(exchange, SwitchableExchange):
+            raise ConfigError("ModeSwitch", "model.optimizer",
+                              "the model's optimizer was not wrapped by a strategy that switches modes",
+                              "make the strategy with --mode_schedule (or a switch policy) and compile "
+                              "with strategy.wrap(optimizer)")
+        return exchange
+
+    @property
+    def mode(self) -> str:
+        """The mode the model trains in now."""
+        return self.exchange.active
+
+    @property
+    def step(self) -> int:
+        """The optimizer's step count (the next step's 0-based index)."""
+        return int(np.asarray(self.model.optimizer.iterations))
+
+    def switch_to(self, mode: str, reason: str = "") -> bool:
+        """Switches to `mode` before the next step (eager; every rank at the same step).
+        Returns False if the model trains in `mode` already. `reason` goes into the log line."""
+        exchange = self.exchange
+        previous, step = exchange.active, self.step
+        if not exchange.switch(mode):
+            return False
+        self._retrace()
+        if self.strategy is not None and hasattr(self.strategy, "mode_switched"):
+            self.strategy.mode_switched(mode)
+        self.switches.append((step, previous, mode))
+        self._in_epoch += 1
+        if self._is_chief():
+            logging.info("tfsyncmodes: step %d: switched %s -> %s%s", step, previous, mode,
+                         f" ({reason})" if reason else "")
+            self._mark(step, f"{previous} -> {mode} at step {step}" + (f" ({reason})" if reason else ""))
+        return True
+
+    def activate(self, mode: str) -> None:
+        """Makes the optimizer train in `mode` as it is, without finishing or resetting
+        anything: for the start of training (a resumed run re-enters its phase)."""
+        exchange = self.exchange
+        if exchange.active != mode:
+            exchange.activate(mode)
+            self._retrace()
+        if self.strategy is not None and hasattr(self.strategy, "mode_switched"):
+            self.strategy.mode_switched(mode)
+
+    def _retrace(self) -> None:
+        # Keras 3 and tf_keras both build a new train function here and call it from the next
+        # step on; the new trace runs the active exchange.
+        self.model.make_train_function(force=True)
+
+    # --- logs ----------------------------------------------------------------------------
+    def _is_chief(self) -> bool:
+        if self.strategy is not None:
+            return bool(self.strategy.is_chief)
+        return True
+
+    def _mark(self, step: int, text: str) -> None:
+        if not self.log_dir:
+            return
+        import tensorflow as tf
+
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        with self._writer.as_default(step=step):
+            tf.summary.scalar("mode", float(mode_code(self.exchange.active)))
+            tf.summary.text("mode_switch", text)
+        self._writer.flush()
+
+    def on_train_begin(self, logs=None):
+        if self._is_chief() and self.log_dir:
+            self._mark(self.step, f"{self.mode} from step {self.step}")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._in_epoch = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs is not None:
+            logs["mode"] = float(mode_code(self.exchange.active))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["mode"] = float(mode_code(self.exchange.active))
+            logs["mode_switches"] = float(self._in_epoch)
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class ScheduleSwitch(ModeSwitch):
+    """``--mode_schedule``: the phases (:func:`tfsyncmodes.schedule.phases`) over the run's
+    ``epochs * steps_per_epoch`` steps; switches at each phase's first step. A resumed run
+    re-enters the phase its step count falls in."""
+
+    def __init__(self, schedule: str, strategy=None, log_dir: Optional[str] = None):
+        super().__init__(strategy, log_dir)
+        self.schedule = schedule
+        self.phases: List[schedule_lib.Phase] = []
+
+    def on_train_begin(self, logs=None):
+        epochs, steps = (self.params or {}).get("epochs"), (self.params or {}).get("steps")
+        if not steps:
+            raise ConfigError("mode_schedule", self.schedule, "the run's steps per epoch are unknown",
+                              "pass steps_per_epoch to fit")
+        self.phases = schedule_lib.phases(self.schedule, int(epochs) * int(steps), int(steps))
+        self.activate(schedule_lib.mode_at(self.phases, self.step))
+        if self._is_chief():
+            logging.info("tfsyncmodes: mode schedule %s: %s", self.schedule, ", ".join(
+                f"{p.mode} steps {p.start}-{p.end - 1}" for p in self.phases))
+        super().on_train_begin(logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        mode = schedule_lib.mode_at(self.phases, self.step)
+        if mode != self.exchange.active:
+            self.switch_to(mode, "mode schedule")

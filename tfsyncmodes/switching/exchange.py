@@ -1,0 +1,150 @@
+"""The exchange of a wrapped optimizer in a run that switches modes: one exchange per mode,
+and a holder that runs the active one.
+
+Every mode's exchange is built when the optimizer is (their state is optimizer state, so the
+initial broadcast, checkpoints and ``model.save`` carry all of it). Each stage of a step is
+delegated, when the step is traced, to the active exchange; after :meth:`switch` the train
+function must be traced again (:class:`tfsyncmodes.keras.switching.ModeSwitch` does).
+
+A switch, at a step boundary, on every rank:
+
+1. the outgoing exchange is drained and finished: ``flush()`` then ``finish()`` (leaving
+   hybrid: every rank moves to the mean of the groups' models); cross-group rounds that came
+   in but were not applied are dropped (the mean replaces them);
+2. leaving an exchange whose groups drifted apart (hybrid), the inner optimizer's float state
+   (momenta, Adam's moments) is averaged over all ranks as the weights are, so that a sync
+   phase starts with one model *and* one optimizer state on every rank and keeps them equal;
+3. the incoming exchange starts clean: its state is set to zero as at the start of training
+   (the periodic policy re-takes its anchor on the next step and warms up again, error
+   feedback starts empty), except the counters kept over the whole run (bytes sent).
+
+Model weights and the inner optimizer's state otherwise carry over untouched.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import tensorflow as tf
+
+from tfsyncmodes.exchange.base import Chain, Part
+
+# State a switch does not reset: the wire-traffic counters count over the whole run.
+KEPT_STATE = ("bytes_sent", "bytes_sent_total", "exchange_steps")
+
+
+class SwitchableExchange(Chain):
+    """Runs ``exchanges[active]``; :meth:`switch` changes which one."""
+
+    def __init__(self, exchanges: Dict[str, Chain], active: str):
+        if active not in exchanges:
+            raise ValueError(f"active mode {active!r} is not among {sorted(exchanges)}")
+        self.exchanges = dict(exchanges)
+        self.active = active
+        self.variables: List = []
+        self.inner_optimizer = None
+        self._state: Dict[str, List[Tuple[str, tf.Variable]]] = {m: [] for m in exchanges}
+
+    @property
+    def members(self) -> Tuple[Part, ...]:
+        """The parts every Chain stage runs: the active exchange only."""
+        return (self.exchanges[self.active],)
+
+    @property
+    def modes(self) -> Tuple[str, ...]:
+        return tuple(self.exchanges)
+
+    @property
+    def built(self) -> bool:
+        return bool(self.variables)
+
+    def attach(self, inner_optimizer):
+        self.inner_optimizer = inner_optimizer
+        for exchange in self.exchanges.values():
+            exchange.attach(inner_optimizer)
+
+    def build(self, variables, state):
+        self.variables = list(variables)
+        for mode, exchange in self.exchanges.items():
+            def recorded(name, shape, dtype, _mode=mode):
+                variable = state(name, shape, dtype)
+                self._state[_mode].append((name, variable))
+                return variable
+            exchange.build(self.variables, recorded)
+
+    def state_variables(self, mode: str = None) -> List[tf.Variable]:
+        """The optimizer variables `mode`'s exchange created (every mode's: None)."""
+        modes = [mode] if mode else list(self._state)
+        return [v for m in modes for _, v in self._state[m]]
+
+    def activate(self, mode: str) -> None:
+        """Makes `mode` active as it is (the start of training, or a resumed run)."""
+        self._check(mode)
+        self.active = mode
+
+    def switch(self, mode: str) -> bool:
+        """Finishes the active exchange and starts `mode`'s clean (see the module doc).
+        Eager, at a step boundary, on every rank. False if `mode` is active already."""
+        self._check(mode)
+        if mode == self.active:
+            return False
+        outgoing = self.exchanges[self.active]
+        if self.built:
+            outgoing.flush()
+            outgoing.finish(self.variables)
+            diverged = _cross_group_policies(outgoing)
+            for policy in diverged:
+                discard = getattr(policy.link.transport, "discard", None)
+                if discard is not None:
+                    discard()
+            if diverged:
+                self._average_inner_state()
+            for name, variable in self._state[mode]:
+                if name not in KEPT_STATE:
+                    variable.assign(tf.zeros_like(variable))
+        self.active = mode
+        return True
+
+    def _average_inner_state(self) -> None:
+        """The inner optimizer's float variables, averaged over all ranks."""
+        import horovod.tensorflow as hvd
+
+        own = {id(v) for v in self.state_variables()}
+        variables = [v for v in _variables_of(self.inner_optimizer)
+                     if id(v) not in own and tf.as_dtype(v.dtype).is_floating]
+        if not variables or hvd.size() <= 1:
+            return
+        means = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=hvd.Average,
+                                      process_set=hvd.global_process_set,
+                                      name="tfsync.switch.optimizer_state")
+        for variable, mean in zip(variables, means):
+            variable.assign(mean)
+
+    def _check(self, mode: str) -> None:
+        if mode not in self.exchanges:
+            from tfsyncmodes.errors import ConfigError
+
+            raise ConfigError("switch_to", "mode", f"{mode!r} is not a mode of this run",
+                              "use one of: " + ", ".join(self.exchanges))
+
+
+def _cross_group_policies(exchange: Chain) -> list:
+    """The cross-group policies of `exchange` that exchange with other groups."""
+    from tfsyncmodes.exchange.policies import CrossGroupPolicy
+
+    return [p for p in exchange.find(CrossGroupPolicy) if p.link.active]
+
+
+def _variables_of(optimizer) -> Sequence:
+    variables = getattr(optimizer, "variables", ()) if optimizer is not None else ()
+    return list((variables() if callable(variables) else variables) or ())
+
+
+def switchable_exchange(modes: Sequence[str], config, strategy) -> SwitchableExchange:
+    """One exchange per mode, each built by that mode's ``exchange()`` from `config` as that
+    mode alone would have it; the active one is the strategy's current mode (else the first)."""
+    from tfsyncmodes import registry
+    from tfsyncmodes.switching import mode_config
+
+    exchanges = {m: registry.MODES.get(m)().exchange(mode_config(config, m), strategy) for m in modes}
+    active = getattr(strategy, "mode", modes[0])
+    return SwitchableExchange(exchanges, active if active in exchanges else modes[0])

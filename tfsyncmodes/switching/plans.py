@@ -1,0 +1,45 @@
+"""Switch plans: whether a run switches modes, between which, and what decides when.
+
+A plan is registered in :data:`tfsyncmodes.registry.SWITCH_PLANS`; the first whose
+:meth:`SwitchPlan.modes` is not empty for the run's configuration is in force. Its
+:meth:`SwitchPlan.callbacks` are required callbacks of the run: each decides when to switch
+and calls :meth:`tfsyncmodes.keras.switching.ModeSwitch.switch_to` (subclass ``ModeSwitch``).
+
+A new plan (an online policy): a :class:`SwitchPlan` subclass in its own module, decorated
+with ``@SWITCH_PLANS.register("name")``, with the module listed among the registry's
+built-ins (or imported before ``make_strategy()``).
+"""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+from tfsyncmodes import schedule
+from tfsyncmodes.registry import SWITCH_PLANS
+
+
+class SwitchPlan:
+    """Base: in force for no configuration."""
+
+    def modes(self, config) -> Sequence[str]:
+        """The modes a run of `config` switches between, the one it starts in first
+        (empty: this plan is not in force)."""
+        del config
+        return ()
+
+    def callbacks(self, strategy) -> List:
+        """The callbacks that switch `strategy`'s optimizers (``ModeSwitch`` subclasses)."""
+        del strategy
+        return []
+
+
+@SWITCH_PLANS.register("schedule")
+class SchedulePlan(SwitchPlan):
+    """``--mode_schedule``: the phases of the schedule, switched at their first steps."""
+
+    def modes(self, config):
+        return schedule.modes(config.mode_schedule) if config.mode_schedule else ()
+
+    def callbacks(self, strategy):
+        from tfsyncmodes.keras.switching import ScheduleSwitch
+
+        return [ScheduleSwitch(strategy.config.mode_schedule, strategy)]
