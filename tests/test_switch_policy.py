@@ -130,3 +130,60 @@ def test_auto_rule():
     even = auto.choose([0.010, 0.011, 0.010, 0.012], 0.002, 1.5, 2)
     assert (even.mode, even.switch_policy) == ("sync", "straggler")
     assert "\n" not in even.reason and "MB/s" in even.reason
+
+
+# --- the whole policy: horovodrun -np 4, rank 1 4x slow during 30 %-60 % of the run ---------
+
+EPOCHS, STEPS = 6, 20  # 120 steps; the straggler is slow in steps 36-71
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_straggler_policy_switches_to_hybrid_inside_the_window_and_back(tmp_path):
+    import json
+
+    import numpy as np
+
+    from tests.conftest import WORKERS, run_checked
+    command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "switch_policy_run.py"), str(tmp_path),
+                                              f"--epochs={EPOCHS}", f"--steps={STEPS}"])
+    result = run_checked(command, timeout=540, TFSYNC_SWITCH_POLICY="straggler", TFSYNC_SWITCH_INTERVAL="4",
+                         TFSYNC_SWITCH_PATIENCE="2", TFSYNC_SLOW_WORKER="1:4.0@30%-60%")
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(4)]
+    total, first, stop = EPOCHS * STEPS, 36, 72
+    switches = json.loads(str(ranks[0]["switches"]))
+    # Every rank switched at the same steps, and logged the same mode at every step.
+    for other in ranks[1:]:
+        assert json.loads(str(other["switches"])) == switches
+        assert np.array_equal(other["modes"], ranks[0]["modes"])
+    assert len(ranks[0]["modes"]) == total
+    to_hybrid = [step for step, _, mode in switches if mode == "hybrid"]
+    to_sync = [step for step, _, mode in switches if mode == "sync"]
+    assert to_hybrid and first <= to_hybrid[0] < stop, switches
+    assert to_sync and to_sync[-1] >= stop and switches[-1][2] == "sync", switches
+    assert all(first <= s < stop + 4 * 4 for s in to_hybrid), switches  # no switch from noise outside
+    # The slow rank was put in the first group, with the next slowest rank.
+    decisions = json.loads(str(ranks[0]["decisions"]))
+    up = next(d for d in decisions if d["switched"] and d["mode"] == "hybrid")
+    assert 1 in up["groups"][0] and up["ratio"] >= 1.5
+    # Replaying the decisions from the gathered times gives the same modes (every rank alike).
+    replay = StragglerDecider(1.5, 2, 2)
+    assert [replay.observe(d["times"]).mode for d in decisions] == [d["mode"] for d in decisions]
+    for other in ranks[1:]:
+        assert json.loads(str(other["decisions"])) == decisions
+    # The modes logged per step follow the switches (sync 0, hybrid 2).
+    expected = np.zeros(total)
+    for step, _, mode in switches:
+        expected[step:] = 2.0 if mode == "hybrid" else 0.0
+    assert np.array_equal(ranks[0]["modes"], expected)
+    # One model on every rank at the end (the groups were averaged when leaving hybrid).
+    finals = np.stack([r["final"] for r in ranks])
+    assert np.abs(finals - finals[0]).max() <= 1e-6 * max(1.0, np.abs(finals[0]).max())
+    # The chief logged each switch with its figures, and wrote the per-rank step times.
+    lines = [line for line in result.stderr.splitlines() if "switch policy: window" in line]
+    assert len(lines) >= len(switches) and "slowest rank 1" in "".join(lines), result.stderr[-3000:]
+    scalars = json.loads(str(ranks[0]["scalars"]))
+    assert sorted(scalars) == [f"switch_policy/step_ms_rank_{r}" for r in range(4)]
+    assert len(scalars["switch_policy/step_ms_rank_1"]) == len(decisions)
+    assert max(v for _, v in scalars["switch_policy/step_ms_rank_1"]) > 1.5 * np.median(
+        [v for _, v in scalars["switch_policy/step_ms_rank_0"]])

@@ -27,13 +27,32 @@ class AutoMode(Mode):
             choice = auto.choose(times, seconds, config.switch_threshold, size)
         if horovod is None or horovod.rank == 0:
             logging.info("%s", choice.reason)
-        sources = dict(config.sources, mode="auto", switch_policy="auto", groups="auto")
-        groups = ";".join(",".join(map(str, g)) for g in choice.groups) if choice.groups else config.groups
-        chosen = dataclasses.replace(config, mode=choice.mode, switch_policy=choice.switch_policy,
-                                     groups=groups, sources=sources)
-        strategy = MODES.get(choice.mode)().make_strategy(chosen, horovod, tf_config)
+        chosen = dataclasses.replace(config, **_settings(config, choice, horovod))
+        from tfsyncmodes.strategies import make_strategy
+
+        strategy = make_strategy(config=chosen)  # a switch policy, if chosen, is a plan
         strategy.auto_choice = choice
         return strategy
 
     def exchange(self, config, strategy):
         return MODES.get(getattr(strategy, "mode", config.mode))().exchange(config, strategy)
+
+
+def _settings(config, choice, horovod) -> dict:
+    """The knobs the choice sets: the mode, the policy, the groups, and the chosen mode's own
+    defaults for knobs left at their default (e.g. hybrid's Top-K compression)."""
+    from tfsyncmodes.knobs import KNOBS
+
+    settings = {knob.key: knob.default_for(choice.mode) for knob in KNOBS
+                if config.sources.get(knob.key, "default") == "default"}
+    settings.update(mode=choice.mode, switch_policy=choice.switch_policy)
+    sources = dict(config.sources, mode="auto", switch_policy="auto")
+    if choice.groups:
+        settings["groups"] = ";".join(",".join(map(str, g)) for g in choice.groups)
+        sources["groups"] = "auto"
+    elif (choice.mode == "hybrid" and not config.groups and not config.group_size and horovod is not None
+          and horovod.local_size == horovod.size):  # one host: two halves, not one group
+        settings["group_size"] = max(horovod.size // 2, 1)
+        sources["group_size"] = "auto"
+    settings["sources"] = sources
+    return settings

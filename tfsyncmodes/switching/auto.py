@@ -1,13 +1,17 @@
 """``--sync_mode=auto``: a short probe at start, and the rule that turns it into a mode.
 
-The probe (every rank, under horovodrun): a few timed steps of a fixed dense workload (a
-``--slow_worker`` named for the start of the run is honoured, as in training), and the time of
-an allreduce of :data:`PROBE_BYTES` (about the gradients of a one-million-parameter model)
-across all ranks, from which the bandwidth follows. The rule, :func:`choose`:
+The probe (every rank, under horovodrun), before the model exists: a few timed training steps of
+one dense layer of :data:`PROBE_BYTES` of weights (a million parameters) at
+:data:`PROBE_BATCH` examples per rank (a ``--slow_worker`` named for the start of the run is
+honoured, as in training), and the time of an allreduce of those weights' gradients across all
+ranks, from which the bandwidth follows. For a dense model the ratio of exchange to compute
+hardly depends on its size (both grow with the parameter count), so the probe stands for the
+model to come at that batch size. The rule, :func:`choose`:
 
 1. one process: ``sync`` (nothing to exchange);
 2. the exchange takes at least half of a probe step (allreduce time / (step + allreduce time)
-   >= 0.5): ``hybrid`` (dense inside groups, compressed across them);
+   >= 0.5): ``hybrid`` (dense inside groups, compressed across them; one group per host, or
+   two halves of the ranks on one host, unless groups are configured);
 3. the slowest rank's step time is at least ``switch_threshold`` times the median: ``hybrid``
    with the slow ranks in one group;
 4. otherwise ``sync`` with ``switch_policy=straggler`` (it moves to hybrid if a straggler
@@ -23,6 +27,7 @@ from tfsyncmodes.switching.decision import Groups, median, slow_first_groups
 
 PROBE_BYTES = 4 << 20
 PROBE_STEPS = 5
+PROBE_BATCH = 32
 COMM_SHARE = 0.5
 
 
@@ -63,13 +68,21 @@ def probe(hvd, slow_factor: float = 1.0) -> Tuple[Tuple[float, ...], float]:
     same on every rank (gathered)."""
     import tensorflow as tf
 
-    matrix = tf.random.stateless_normal((256, 256), seed=(1, 2))
-    work = tf.function(lambda m: tf.reduce_sum(tf.matmul(tf.matmul(m, m), m)))
-    work(matrix).numpy()  # trace
+    side = int((PROBE_BYTES // 4) ** 0.5)  # a dense layer of PROBE_BYTES of float32 weights
+    weights = tf.random.stateless_normal((side, side), seed=(1, 2))
+    inputs = tf.random.stateless_normal((PROBE_BATCH, side), seed=(3, 4))
+
+    @tf.function
+    def work(w, x):  # forward, and the two matmuls of the backward pass
+        upstream = tf.matmul(x, w)
+        return tf.reduce_sum(tf.matmul(x, upstream, transpose_a=True)) + tf.reduce_sum(
+            tf.matmul(upstream, w, transpose_b=True))
+
+    work(weights, inputs).numpy()  # trace
     steps = []
     for _ in range(PROBE_STEPS):
         started = time.perf_counter()
-        work(matrix).numpy()
+        work(weights, inputs).numpy()
         elapsed = time.perf_counter() - started
         time.sleep((slow_factor - 1.0) * elapsed)  # an emulated straggler, as in training
         steps.append(elapsed * slow_factor)

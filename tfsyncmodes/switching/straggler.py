@@ -17,39 +17,30 @@ once the ranks no longer wait for each other. ``--slow_worker`` delays a rank be
 from __future__ import annotations
 
 import time
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 from absl import logging
 
-from tfsyncmodes.keras.compat import keras
-from tfsyncmodes.switching.decision import Decision, StragglerDecider, own_step_times
+from tfsyncmodes.keras.switching import ModeSwitch
+from tfsyncmodes.switching.decision import Decision, Groups, StragglerDecider, own_step_times
 
 
-class StragglerSwitch(keras.callbacks.Callback):
-    """Measures, decides and calls ``switch(mode, groups)`` at a step boundary when the decider
-    says so. `log_dir`: the chief's TensorBoard directory (None: no scalars)."""
+class StragglerSwitch(ModeSwitch):
+    """Measures, decides every ``switch_interval`` steps and switches (see the module doc)."""
 
-    def __init__(self, config, hvd, switch: Callable[[str, tuple], None], group_size: int,
-                 log_dir: Optional[str] = None):
-        super().__init__()
-        self.hvd = hvd
-        self.switch = switch
+    def __init__(self, strategy, group_size: int, log_dir: Optional[str] = None):
+        super().__init__(strategy, log_dir)
+        config = strategy.config
+        self.hvd = strategy.hvd
         self.interval = config.switch_interval
         self.decider = StragglerDecider(config.switch_threshold, config.switch_patience, group_size)
-        self.log_dir = log_dir
         self.decisions: List[Decision] = []
-        self._writer = None
         self._step = 0
-        self._began = None
+        self._began: Optional[float] = None
+        self._ended = 0.0
         self._in_step = self._cycle = 0.0
         self._timed = 0
         self._skip = 2  # the first steps trace the train function
-
-    def on_train_begin(self, logs=None):
-        if self.log_dir and self.hvd.rank() == 0:
-            import tensorflow as tf
-
-            self._writer = tf.summary.create_file_writer(self.log_dir)
 
     def on_train_batch_begin(self, batch, logs=None):
         now = time.perf_counter()
@@ -67,6 +58,7 @@ class StragglerSwitch(keras.callbacks.Callback):
             np.asarray(value)  # waits for the step's result
             break
         self._ended = time.perf_counter()
+        super().on_train_batch_end(batch, logs)
         self._step += 1
         if self._step % self.interval == 0:
             self._decide()
@@ -81,29 +73,50 @@ class StragglerSwitch(keras.callbacks.Callback):
         self._timed = 0
         if float(gathered[:, 2].min()) < 1:
             return  # a window without timed steps (just after a switch): nothing to judge
-        times = own_step_times(list(gathered[:, 0]), list(gathered[:, 1]))
-        decision = self.decider.observe(times)
+        decision = self.decider.observe(own_step_times(list(gathered[:, 0]), list(gathered[:, 1])))
         self.decisions.append(decision)
-        if self.hvd.rank() == 0 and (decision.switched or logging.get_verbosity() >= logging.DEBUG):
-            logging.info("step %d: %s", self._step, decision.line())
-        self._write(decision)
+        if self._is_chief() and (decision.switched or logging.get_verbosity() >= logging.DEBUG):
+            logging.info("tfsyncmodes: step %d: %s", self.step, decision.line())
+        self._scalars(decision)
         if decision.switched:
-            self.switch(decision.mode, decision.groups)
-            self._skip = 2  # the new mode's train function traces on its first step
+            if decision.mode == "hybrid":
+                self._regroup(decision.groups)
+            self.switch_to(decision.mode, f"slowest/median {decision.ratio:.2f}")
+            self._began, self._skip = None, 2  # the new train function traces first
 
-    def _write(self, decision: Decision) -> None:
-        if self._writer is None:
+    def _regroup(self, groups: Groups) -> None:
+        """Rebuilds the hybrid exchange for `groups` over its existing state variables."""
+        from tfsyncmodes import registry
+        from tfsyncmodes.exchange import groups as groups_lib
+        from tfsyncmodes.switching import mode_config
+
+        exchange, strategy = self.exchange, self.strategy
+        layout = groups_lib.GroupLayout(tuple(tuple(g) for g in groups))
+        if layout == strategy.layout and exchange.exchanges.get("hybrid") is not None:
+            return
+        strategy.layout, strategy._groups = layout, groups_lib.init_horovod(layout)
+        chain = registry.MODES.get("hybrid")().exchange(mode_config(strategy.config, "hybrid"), strategy)
+        chain.attach(exchange.inner_optimizer)
+        if exchange.built:
+            existing = iter(exchange._state["hybrid"])
+
+            def reuse(name, shape, dtype):
+                known, variable = next(existing)
+                if known != name:
+                    raise RuntimeError(f"the rebuilt hybrid exchange asks for {name!r}, not {known!r}")
+                return variable
+            chain.build(exchange.variables, reuse)
+        exchange.exchanges["hybrid"] = chain
+
+    def _scalars(self, decision: Decision) -> None:
+        if not (self.log_dir and self._is_chief()):
             return
         import tensorflow as tf
 
-        with self._writer.as_default(step=self._step):
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        with self._writer.as_default(step=self.step):
             for rank, seconds in enumerate(decision.times):
                 tf.summary.scalar(f"switch_policy/step_ms_rank_{rank}", seconds * 1000.0)
             tf.summary.scalar("switch_policy/slowest_over_median", decision.ratio)
-            tf.summary.scalar("switch_policy/hybrid", 1.0 if decision.mode == "hybrid" else 0.0)
         self._writer.flush()
-
-    def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
