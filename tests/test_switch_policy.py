@@ -187,3 +187,31 @@ def test_straggler_policy_switches_to_hybrid_inside_the_window_and_back(tmp_path
     assert len(scalars["switch_policy/step_ms_rank_1"]) == len(decisions)
     assert max(v for _, v in scalars["switch_policy/step_ms_rank_1"]) > 1.5 * np.median(
         [v for _, v in scalars["switch_policy/step_ms_rank_0"]])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_auto_probes_picks_and_logs_why_in_one_line(tmp_path):
+    """A real horovodrun -np 2 run of scripts/train.py --sync_mode=auto: one 'auto:' line with
+    the probe's figures, and the run trains in the mode that line names."""
+    import json
+    import re
+
+    from tests.conftest import run_checked
+
+    metrics = tmp_path / "metrics.json"
+    command = localrun.horovodrun_command(2, [PYTHON, TRAIN, "--sync_mode=auto", "--epochs=1",
+                                              f"--model_dir={tmp_path / 'run'}", f"--metrics_file={metrics}"])
+    result = run_checked(command, timeout=360)
+    lines = [line for line in result.stderr.splitlines() if "] auto: " in line]
+    assert len(lines) == 1, result.stderr[-3000:]
+    chosen = re.search(r"auto: (sync|hybrid)", lines[0]).group(1)
+    assert "median step" in lines[0] and "MB/s" in lines[0] and "of a step" in lines[0]
+    step_ms = float(re.search(r"median step ([0-9.]+) ms", lines[0]).group(1))
+    allreduce_ms = float(re.search(r"MiB ([0-9.]+) ms", lines[0]).group(1))
+    ratio = float(re.search(r"slowest/median ([0-9.]+)", lines[0]).group(1))
+    # The logged figures give the logged choice under the README's rule.
+    hybrid = allreduce_ms / (step_ms + allreduce_ms) >= auto.COMM_SHARE or ratio >= 1.5
+    assert chosen == ("hybrid" if hybrid else "sync"), lines[0]
+    with open(metrics, encoding="utf-8") as handle:
+        assert json.load(handle)["mode"] == chosen
