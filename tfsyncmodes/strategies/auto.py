@@ -17,7 +17,8 @@ class AutoMode(Mode):
         from tfsyncmodes.testing.faults import slow_spec
 
         if horovod is None:
-            choice = auto.choose([0.0], 0.0, config.switch_threshold, 1)
+            choice = auto.Choice("sync", "none", (), "auto: sync: not under horovodrun, where the probe "
+                                 "and in-process switching run (sync's backend: as --sync_backend says)")
         else:
             size = candidates.default_group_size(config, horovod.size)
             hvd = candidates.init_horovod(horovod.size, size)
