@@ -46,6 +46,7 @@ flags.DEFINE_list("train_flags", [], "More scripts/train.py flags for every run.
 flags.DEFINE_float("timeout", 900.0, "Seconds one job may take before it is killed.")
 flags.DEFINE_string("docs_dir", os.path.join(REPO, "docs"), "Where bench_switch.json and BENCHMARKS.md go.")
 flags.DEFINE_bool("write_docs", True, "Write the table into --docs_dir/BENCHMARKS.md.")
+flags.DEFINE_bool("report_only", False, "Rebuild the table from --docs_dir/bench_switch.json, running nothing.")
 FLAGS = flags.FLAGS
 
 CONDITIONS = {"none": [], "slow": ["--slow_worker=1:4.0"], "transient": ["--slow_worker=1:4.0@33.3%-66.7%"]}
@@ -136,7 +137,9 @@ def report(table: dict, rounds: int) -> str:
         f"`python scripts/bench_switch.py` — horovodrun -np {FLAGS.np} on one 2-core host shared with other "
         f"jobs (timings are noisy), scripts/train.py on digits, {FLAGS.epochs} epochs of 22 steps, global batch "
         "64, Adam, one intra-op thread per rank; hybrid: groups of 2, Top-K 1 % with error feedback, "
-        f"cross_group=periodic, staleness 2. {rounds} round(s), every variant once per round; median (range).",
+        f"cross_group=periodic, staleness 2; policy: threshold 1.5, every 10 steps, patience 2. "
+        f"{rounds} complete round(s) (every variant once per round; runs of an unfinished round are "
+        "included); median (range).",
         "",
         "| condition | variant | training s | accuracy | s to sync's accuracy - 0.5 pt | time / sync's | to target / sync's time | switches (first run) |",
         "|---|---|---:|---:|---:|---:|---:|---|",
@@ -175,22 +178,36 @@ READING = (
     "every-window exchange of step times), it does not shorten the slow rank's own work.")
 
 
-def main(argv):
-    del argv
-    runs = []
-    with tempfile.TemporaryDirectory() as work:
-        for number in range(FLAGS.repeats):
-            for condition in FLAGS.conditions:
-                for variant in FLAGS.variants:
-                    runs.append(run_one(condition, variant, work, number))
-    table = summarise(runs)
+def save(runs: list, rounds: int) -> None:
+    """The raw runs so far and the table from them, after every run (a stopped benchmark keeps
+    what it measured)."""
     os.makedirs(FLAGS.docs_dir, exist_ok=True)
     with open(os.path.join(FLAGS.docs_dir, "bench_switch.json"), "w", encoding="utf-8") as handle:
-        json.dump({"np": FLAGS.np, "epochs": FLAGS.epochs, "rounds": FLAGS.repeats, "table": table,
-                   "runs": [{k: v for k, v in r.items() if k not in ("losses",)} for r in runs],
+        json.dump({"np": FLAGS.np, "epochs": FLAGS.epochs, "rounds": rounds, "table": summarise(runs),
+                   "runs": runs,
                    "note": "one 2-core machine shared with other jobs while this ran: timings are noisy"},
                   handle, indent=1)
-    text = report(table, FLAGS.repeats)
+
+
+def main(argv):
+    del argv
+    path = os.path.join(FLAGS.docs_dir, "bench_switch.json")
+    if FLAGS.report_only:
+        with open(path, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        runs, rounds = saved["runs"], saved["rounds"]
+    else:
+        runs, rounds = [], 0
+        with tempfile.TemporaryDirectory() as work:
+            for number in range(FLAGS.repeats):
+                for condition in FLAGS.conditions:
+                    for variant in FLAGS.variants:
+                        run = run_one(condition, variant, work, number)
+                        runs.append({k: v for k, v in run.items() if k not in ("losses",)})
+                        save(runs, rounds)
+                rounds += 1
+                save(runs, rounds)
+    text = report(summarise(runs), rounds)
     print(text)
     if FLAGS.write_docs:
         replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), "switch", text)

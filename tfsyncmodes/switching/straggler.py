@@ -7,8 +7,15 @@ function (`in_step`, which includes waiting for peers in the collective). Every 
 ranks allgather their two means (one small eager ``hvd.allgather``); every rank then estimates
 each rank's own time per step (:func:`~tfsyncmodes.switching.decision.own_step_times`) and runs
 the same :class:`~tfsyncmodes.switching.decision.StragglerDecider`, so all reach the same
-decision at the same step. The chief logs every decision in one line and writes the per-rank
-step times, the ratio and the mode (0 sync, 1 hybrid) as TensorBoard scalars.
+decision at the same step. The chief logs every switch in one line with the figures behind it
+(every decision with ``--verbosity=1``) and writes the per-rank step times and the ratio as
+TensorBoard scalars (beside :class:`~tfsyncmodes.keras.switching.ModeSwitch`'s ``mode``). The
+time across an epoch's end (evaluation, checkpoints) is not counted.
+
+Groups are chosen at the switch (the slow ranks share a group): every process set a grouping
+may need is registered when Horovod starts (:mod:`~tfsyncmodes.switching.candidates`), and the
+hybrid exchange is rebuilt for the new groups over the optimizer variables its state already
+has (the same config builds the same state, in the same order).
 
 Limit: a rank slowed *inside* the train function (slow kernels) makes its peers wait for just
 as long inside theirs, so host timing cannot tell it from them; such a straggler is seen only
@@ -41,6 +48,10 @@ class StragglerSwitch(ModeSwitch):
         self._in_step = self._cycle = 0.0
         self._timed = 0
         self._skip = 2  # the first steps trace the train function
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self._began = None  # the time across the epoch's end is not a step's
 
     def on_train_batch_begin(self, batch, logs=None):
         now = time.perf_counter()
