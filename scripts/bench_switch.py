@@ -130,12 +130,12 @@ def spread(values) -> str:
     return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
 
 
-def report(table: dict, rounds: int) -> str:
+def report(table: dict, rounds: int, epochs: int) -> str:
     lines = [
         "## Switching within a run: mode schedule and straggler policy",
         "",
         f"`python scripts/bench_switch.py` — horovodrun -np {FLAGS.np} on one 2-core host shared with other "
-        f"jobs (timings are noisy), scripts/train.py on digits, {FLAGS.epochs} epochs of 22 steps, global batch "
+        f"jobs (timings are noisy), scripts/train.py on digits, {epochs} epochs of 22 steps, global batch "
         "64, Adam, one intra-op thread per rank; hybrid: groups of 2, Top-K 1 % with error feedback, "
         f"cross_group=periodic, staleness 2; policy: threshold 1.5, every 10 steps, patience 2. "
         f"{rounds} complete round(s) (every variant once per round; runs of an unfinished round are "
@@ -195,9 +195,9 @@ def main(argv):
     if FLAGS.report_only:
         with open(path, encoding="utf-8") as handle:
             saved = json.load(handle)
-        runs, rounds = saved["runs"], saved["rounds"]
+        runs, rounds, epochs = saved["runs"], saved["rounds"], saved["epochs"]
     else:
-        runs, rounds = [], 0
+        runs, rounds, epochs = [], 0, FLAGS.epochs
         with tempfile.TemporaryDirectory() as work:
             for number in range(FLAGS.repeats):
                 for condition in FLAGS.conditions:
@@ -207,7 +207,7 @@ def main(argv):
                         save(runs, rounds)
                 rounds += 1
                 save(runs, rounds)
-    text = report(summarise(runs), rounds)
+    text = report(summarise(runs), rounds, epochs)
     print(text)
     if FLAGS.write_docs:
         replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), "switch", text)

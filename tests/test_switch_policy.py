@@ -117,6 +117,20 @@ def test_own_step_times_take_out_the_wait_for_peers():
     assert own_step_times(cycle, in_step) == [12.0, 40.0, 11.5, 12.5]
 
 
+@pytest.mark.parametrize("overrides, words", [
+    ({"mode": "hybrid", "switch_policy": "straggler"}, "starts in sync"),
+    ({"mode_schedule": "sync:10%,hybrid", "switch_policy": "straggler"}, "schedule and straggler both decide"),
+])
+def test_policy_combinations_that_cannot_run_are_config_errors(overrides, words):
+    from tfsyncmodes import switching
+
+    with pytest.raises(ConfigError) as raised:
+        switching.plan_for(config.resolve(overrides, environ={}, use_flags=False))
+    assert words in str(raised.value)
+    plan, modes = switching.plan_for(config.resolve({"switch_policy": "straggler"}, environ={}, use_flags=False))
+    assert modes == ("sync", "hybrid") and type(plan).__name__ == "StragglerPlan"
+
+
 # --- --sync_mode=auto's rule (pure) ---------------------------------------------------------
 
 def test_auto_rule():

@@ -34,12 +34,19 @@ from tfsyncmodes import registry
 def plan_for(config) -> Optional[Tuple[object, Tuple[str, ...]]]:
     """(plan, modes) of the first registered plan in force for `config`; None: the run stays
     in ``config.mode`` from start to end."""
+    in_force = []
     for name in registry.SWITCH_PLANS.names():
         plan = registry.SWITCH_PLANS.get(name)()
         modes = tuple(plan.modes(config))
         if modes:
-            return plan, modes
-    return None
+            in_force.append((name, plan, modes))
+    if len(in_force) > 1:
+        from tfsyncmodes.errors import ConfigError
+
+        names = [name for name, _, _ in in_force]
+        raise ConfigError("configuration", "switch plans", f"{' and '.join(names)} both decide when to "
+                          "switch", "use one of them")
+    return in_force[0][1:] if in_force else None
 
 
 def mode_config(config, mode: str):

@@ -16,10 +16,6 @@ class StragglerPlan(SwitchPlan):
     def modes(self, config):
         if config.switch_policy != "straggler":
             return ()
-        if config.mode_schedule:
-            raise ConfigError(config.sources.get("switch_policy", "default"), "switch_policy",
-                              "a switch policy and --mode_schedule both decide when to switch",
-                              "use one of them")
         if config.mode != "sync":
             raise ConfigError(config.sources.get("switch_policy", "default"), "switch_policy",
                               f"the straggler policy starts in sync, not in {config.mode}",
