@@ -175,7 +175,17 @@ READING = (
     "the chief's group's model. Every rank runs the same number of steps, so a run that ends in sync (sync, "
     "the schedule, the policy) still waits for the slow rank's steps: hybrid only lets the fast group's "
     "model train ahead while the straggler lasts (up to the staleness bound, and up to the policy's "
-    "every-window exchange of step times), it does not shorten the slow rank's own work.")
+    "every-window exchange of step times), it does not shorten the slow rank's own work. Each switch "
+    "traces the train function again (Keras `make_train_function(force=True)`), which on this loaded "
+    "machine costs about as much as the first epoch's trace (several seconds, against 1-3 s per later "
+    "epoch); that, not the policy's measuring, is most of what switching costs here. In the slow "
+    "condition `--slow_worker` also multiplies the first step, trace included, by 4 (the slow rank "
+    "sleeps three times the trace), which every variant pays in its first epoch; the same happens at a switch inside the straggler's "
+    "window (the first step after it traces again, and the slow rank sleeps three times that), which is "
+    "most of the transient policy's and schedule's extra time here. Recorded with one round only (time allowed no more); a multi-process test job shared the cores "
+    "with the no-straggler runs of policy and schedule, so read differences under about 30 % as noise. "
+    "`switches` lists the "
+    "policy's switches as its chief logged them (the schedule's are at 33.3 % and 66.7 % of the steps).")
 
 
 def save(runs: list, rounds: int) -> None:
