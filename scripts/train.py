@@ -181,7 +181,8 @@ def main(argv):
     strategy = tfsyncmodes.make_strategy()
     if strategy.is_chief:
         # The knobs the mode uses; every knob with --verbosity=1.
-        logging.info("%s", strategy.config.describe(every=logging.get_verbosity() >= logging.DEBUG))
+        logging.info("%s", strategy.config.describe(
+            every=logging.get_verbosity() >= logging.DEBUG or bool(strategy.config.mode_schedule)))
         logging.info("strategy: %s", strategy.describe())
     else:
         logging.set_verbosity(logging.WARNING)
@@ -219,7 +220,8 @@ def main(argv):
             # when no tf.distribute strategy is active (the Horovod case).
             jit_compile=False,
         )
-    model_dir = os.path.join(FLAGS.model_dir, strategy.mode)
+    # A run through a --mode_schedule keeps one directory for all its phases.
+    model_dir = os.path.join(FLAGS.model_dir, "schedule" if strategy.config.mode_schedule else strategy.mode)
     started, started_unix = time.perf_counter(), time.time()
     curve = []  # (seconds since the start, test accuracy) at each epoch's end, on the chief
 
@@ -253,8 +255,11 @@ def main(argv):
         }
         if curve:
             metrics["epoch_seconds"], metrics["epoch_accuracy"] = [c[0] for c in curve], [c[1] for c in curve]
+        if strategy.config.mode_schedule:  # the mode each epoch ended in (sync 0, hybrid 2)
+            metrics["mode_schedule"] = strategy.config.mode_schedule
+            metrics["modes"] = [float(v) for v in history.history.get("mode", [])]
         for key in ("staleness_mean", "staleness_max", "staleness", "bytes_sent", "compression_ratio",
-                    "cross_group_lag"):
+                    "cross_group_lag", "mode_switches"):
             if key in history.history:
                 metrics[key] = [float(v) for v in history.history[key]]
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)

@@ -11,6 +11,7 @@ Neither wrapper knows which mode it runs: the mode's exchange does (``Mode.excha
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import tensorflow as tf
@@ -18,6 +19,10 @@ import tensorflow as tf
 from tfsyncmodes import config as config_lib
 from tfsyncmodes import registry
 from tfsyncmodes.exchange.base import Chain, StateFactory
+
+
+# The saved knobs' entry listing the knobs left at their default (not a knob itself).
+DEFAULTED = "defaulted_knobs"
 
 
 class SyncCore:
@@ -36,8 +41,15 @@ class SyncCore:
         from tfsyncmodes.strategies.base import ModeStrategy
 
         config = config_lib.from_saved(knobs)
+        defaulted = [k for k in knobs.get(DEFAULTED, ()) if k in config.sources]
+        if defaulted:  # knobs a switching run derives per mode (compression: topk in hybrid)
+            config = dataclasses.replace(config, sources={**config.sources, **{k: "default" for k in defaulted}})
         strategy = ModeStrategy.current()
-        return cls(config, strategy if strategy is not None and strategy.mode == config.mode else None)
+        if config.mode_schedule:  # a switching run's optimizer: the strategy of the same schedule
+            same = strategy is not None and strategy.config.mode_schedule == config.mode_schedule
+        else:
+            same = strategy is not None and strategy.mode == config.mode
+        return cls(config, strategy if same else None)
 
     @property
     def mode(self) -> str:
@@ -70,7 +82,9 @@ class SyncCore:
         self.exchange.finish(self.variables)
 
     def get_config(self) -> Dict[str, Any]:
-        return config_lib.knob_values(self.config)
+        values = config_lib.knob_values(self.config)
+        values[DEFAULTED] = sorted(k for k in values if self.config.sources.get(k, "default") == "default")
+        return values
 
 
 def exchange_for(config, strategy) -> Chain:

@@ -7,18 +7,21 @@ same step). It finishes the outgoing exchange and starts the incoming one clean
 (:meth:`tfsyncmodes.switching.exchange.SwitchableExchange.switch`), has Keras trace the train
 function again (Keras 3 and tf_keras both call ``model.train_function`` at every step of
 ``fit``), tells the strategy, logs one line on the chief and writes a TensorBoard marker.
-A policy that decides when to switch subclasses it (:class:`ScheduleSwitch` does).
+A policy that decides when to switch subclasses it (:class:`ScheduleSwitch` does). With
+``compile(steps_per_execution=N)`` a step boundary is an execution boundary: a switch falls on
+the first one at or after the step asked for.
 
 Logs: every batch's and epoch's logs get ``mode`` (the mode's number:
 :func:`tfsyncmodes.switching.mode_code`, sync 0, hybrid 2), epoch logs (and so History) also
-``mode_switches`` (switches in that epoch). With a ``log_dir`` the chief writes, at every
+``mode_switches`` (switches in that epoch). ``bytes_sent`` (cross-group bytes) is 0 in a step
+of a mode that does not cross groups, and per epoch the mean over the epoch's hybrid steps (0
+in an epoch without any). With a ``log_dir`` the chief writes, at every
 switch step, a scalar ``mode`` and a text ``mode_switch`` ("sync -> hybrid at step 30").
 """
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-import numpy as np
 from absl import logging
 
 from tfsyncmodes import schedule as schedule_lib
@@ -60,7 +63,9 @@ class ModeSwitch(keras.callbacks.Callback):
     @property
     def step(self) -> int:
         """The optimizer's step count (the next step's 0-based index)."""
-        return int(np.asarray(self.model.optimizer.iterations))
+        import tensorflow as tf
+
+        return int(tf.convert_to_tensor(self.model.optimizer.iterations).numpy())
 
     def switch_to(self, mode: str, reason: str = "") -> bool:
         """Switches to `mode` before the next step (eager; every rank at the same step).
@@ -122,12 +127,19 @@ class ModeSwitch(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if logs is not None:
-            logs["mode"] = float(mode_code(self.exchange.active))
+            exchange = self.exchange
+            logs["mode"] = float(mode_code(exchange.active))
+            if "bytes_sent" in logs and not exchange.crosses_groups():
+                logs["bytes_sent"] = logs["compression_ratio"] = 0.0  # nothing crosses groups now
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            logs["mode"] = float(mode_code(self.exchange.active))
+            exchange = self.exchange
+            logs["mode"] = float(mode_code(exchange.active))
             logs["mode_switches"] = float(self._in_epoch)
+            if any(exchange.crosses_groups(m) for m in exchange.modes):  # History: one entry per epoch
+                logs.setdefault("bytes_sent", 0.0)
+                logs.setdefault("compression_ratio", 0.0)
 
     def on_train_end(self, logs=None):
         if self._writer is not None:

@@ -22,8 +22,10 @@ from tfsyncmodes.strategies.horovod import HorovodStrategy
 IN_PROCESS = ("sync", "hybrid")  # the modes one horovodrun job can switch between
 
 
-def _source(config) -> str:
-    return config.sources.get("mode_schedule", "default")
+def _field(config, plan):
+    """(source, field) of the knob that put `plan` in force, as errors name them."""
+    knob = getattr(plan, "knob", "") or "mode_schedule"
+    return config.sources.get(knob, "default"), knob
 
 
 class SwitchingStrategy(HorovodStrategy):
@@ -84,10 +86,14 @@ class SwitchingStrategy(HorovodStrategy):
         return make_optimizer(optimizer, config or self.config, self)
 
     def _correctness_callbacks(self) -> List:
-        from tfsyncmodes.keras.hybrid_callbacks import DrainExchange
+        """Horovod's, with the plan's switch callbacks after the traffic logger (so that they
+        see its logs) and before the broadcast, and the final drain."""
+        from tfsyncmodes.keras.hybrid_callbacks import DrainExchange, WireTrafficLogger
 
         drivers = self.plan.callbacks(self) if self.plan is not None else []
-        return drivers + super()._correctness_callbacks() + [DrainExchange()]
+        base = super()._correctness_callbacks()
+        traffic = [c for c in base if isinstance(c, WireTrafficLogger)]
+        return traffic + drivers + [c for c in base if c not in traffic] + [DrainExchange()]
 
     def callbacks(self, model_dir: Optional[str] = None, checkpoint: bool = True,
                   tensorboard: bool = True) -> List:
@@ -123,19 +129,18 @@ class SwitchingMode(Mode):
         self.modes = tuple(modes)
 
     def make_strategy(self, config, horovod, tf_config):
+        source, knob = _field(config, self.plan)
         if "async" in self.modes:
-            raise ConfigError(_source(config), "mode_schedule",
-                              f"{config.mode_schedule!r} switches to or from async, which needs another "
-                              "process layout than one horovodrun job",
+            raise ConfigError(source, knob, f"{getattr(config, knob)!r} switches to or from async, which "
+                              "needs another process layout than one horovodrun job",
                               "run it with python -m tfsyncmodes.launch")
         other = [m for m in self.modes if m not in IN_PROCESS]
         if other:
-            raise ConfigError(_source(config), "mode_schedule", f"mode {other[0]!r} cannot be switched "
-                              "to in-process", "use sync and hybrid phases")
+            raise ConfigError(source, knob, f"mode {other[0]!r} cannot be switched to in-process",
+                              "use sync and hybrid phases")
         if horovod is None:
-            raise ConfigError(_source(config), "mode_schedule",
-                              "switching between sync and hybrid within a run needs horovodrun",
-                              "launch with: horovodrun -np N python ... --mode_schedule=...")
+            raise ConfigError(source, knob, "switching between sync and hybrid within a run needs horovodrun",
+                              f"launch with: horovodrun -np N python ... --{knob}=...")
         return SwitchingStrategy(config, horovod, self.modes, self.plan)
 
     def exchange(self, config, strategy):

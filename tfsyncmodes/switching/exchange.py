@@ -49,6 +49,15 @@ class SwitchableExchange(Chain):
         """The parts every Chain stage runs: the active exchange only."""
         return (self.exchanges[self.active],)
 
+    def parts(self):
+        """Every part the optimizer holds, of every mode's exchange (callbacks find the
+        cross-group links through it in every phase; the stages run the active one only)."""
+        return [self] + [p for exchange in self.exchanges.values() for p in exchange.parts()]
+
+    def crosses_groups(self, mode: str = None) -> bool:
+        """Whether `mode`'s exchange (the active one: None) exchanges across groups."""
+        return bool(_cross_group_policies(self.exchanges[mode or self.active]))
+
     @property
     def modes(self) -> Tuple[str, ...]:
         return tuple(self.exchanges)

@@ -20,6 +20,8 @@ from tfsyncmodes.registry import SWITCH_PLANS
 class SwitchPlan:
     """Base: in force for no configuration."""
 
+    knob = ""  # the knob that puts the plan in force (errors about the run name it)
+
     def modes(self, config) -> Sequence[str]:
         """The modes a run of `config` switches between, the one it starts in first
         (empty: this plan is not in force)."""
@@ -35,6 +37,8 @@ class SwitchPlan:
 @SWITCH_PLANS.register("schedule")
 class SchedulePlan(SwitchPlan):
     """``--mode_schedule``: the phases of the schedule, switched at their first steps."""
+
+    knob = "mode_schedule"
 
     def modes(self, config):
         return schedule.modes(config.mode_schedule) if config.mode_schedule else ()
