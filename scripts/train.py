@@ -55,6 +55,10 @@ flags.DEFINE_float("compute_ms", 0.0,
 flags.DEFINE_string("compute_slow_worker", "",
                     "With --compute_ms: 'INDEX:FACTOR' makes worker INDEX wait FACTOR times as long.")
 
+flags.DEFINE_bool("eval_each_epoch", False,
+                  "The chief measures the test accuracy at each epoch's end (its own model) and "
+                  "writes it, with the seconds since training began, to --metrics_file.")
+
 FLAGS = flags.FLAGS
 NUM_CLASSES = 10
 
@@ -233,8 +237,17 @@ def main(argv):
         callbacks = strategy.callbacks(model_dir, tensorboard=False) + phase.callbacks(FLAGS.model_dir)
         phase.begin(model, FLAGS.model_dir, x_train[:512], y_train[:512])
     started, started_unix = time.perf_counter(), time.time()
+    curve = []  # (seconds since the start, test accuracy) at each epoch's end, on the chief
+
+    class EpochAccuracy(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seconds = time.perf_counter() - started
+            logits = np.asarray(model(x_test, training=False))
+            curve.append((round(seconds, 3), float(np.mean(np.argmax(logits, axis=1) == y_test))))
+
+    extra = [EpochAccuracy()] if FLAGS.eval_each_epoch and strategy.is_chief else []
     history = strategy.fit(model, dataset_fn, epochs=phase.end_epoch if phase else FLAGS.epochs,
-                           steps_per_epoch=steps_per_epoch, callbacks=callbacks)
+                           steps_per_epoch=steps_per_epoch, callbacks=callbacks + extra)
     seconds = time.perf_counter() - started
     if phase is not None:
         phase.end(model, history, x_train[:512], y_train[:512])
@@ -256,6 +269,8 @@ def main(argv):
             "params": int(model.count_params()), "batch_size": FLAGS.batch_size,
             "steps_per_epoch": steps_per_epoch, "fit_started_unix": started_unix,
         }
+        if curve:
+            metrics["epoch_seconds"], metrics["epoch_accuracy"] = [c[0] for c in curve], [c[1] for c in curve]
         if strategy.config.mode_schedule:  # the mode each epoch ended in (sync 0, hybrid 2)
             metrics["mode_schedule"] = strategy.config.mode_schedule
             metrics["modes"] = [float(v) for v in history.history.get("mode", [])]

@@ -70,7 +70,10 @@ def test_bad_flag_is_one_line_and_exit_2(tmp_path):
                             capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error:")]
-    assert errors == ["tfsyncmodes: error: flag: --modes: 'bogus' is not a mode; use some of sync, async, hybrid"]
+    from tfsyncmodes import registry
+
+    accepted = ", ".join(registry.MODES.names())  # sync, async, hybrid, auto
+    assert errors == [f"tfsyncmodes: error: flag: --modes: 'bogus' is not a mode; use some of {accepted}"]
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.iterdir())
 

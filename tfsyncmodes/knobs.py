@@ -112,17 +112,29 @@ def _schedule(value: Any) -> str:
 
 
 def _slow_worker(value: Any) -> str:
+    """'INDEX:FACTOR' (slow the whole run) or 'INDEX:FACTOR@START%-END%' (slow only while the
+    run's step is in [START %, END %) of its steps), as canonical text ('' = off)."""
     text = str(value).strip()
     if not text:
         return ""
-    fix = "use INDEX:FACTOR with INDEX >= 0 and FACTOR >= 1, e.g. 1:4.0"
-    index, _, factor = text.partition(":")
+    fix = ("use INDEX:FACTOR with INDEX >= 0 and FACTOR >= 1, e.g. 1:4.0, optionally with a "
+           "window of the run's steps, e.g. 1:4.0@30%-60%")
+    head, at, window = text.partition("@")
+    index, _, factor = head.partition(":")
     try:
-        if int(index) < 0 or float(factor) < 1.0:
+        if int(index) < 0 or not float(factor) >= 1.0 or float(factor) == float("inf"):
             raise ValueError
+        if at:
+            start, dash, end = (part.strip() for part in window.partition("-"))
+            if not dash or not start.endswith("%") or not end.endswith("%"):
+                raise ValueError
+            start, end = float(start[:-1]), float(end[:-1])
+            if not 0.0 <= start < end <= 100.0:
+                raise ValueError
     except ValueError:
         raise ValueError(f"{value!r} is not accepted", fix) from None
-    return f"{int(index)}:{float(factor)}"
+    canonical = f"{int(index)}:{float(factor)}"
+    return canonical + (f"@{start:g}%-{end:g}%" if at else "")
 
 
 KNOBS: Tuple[Knob, ...] = (
@@ -142,7 +154,8 @@ KNOBS: Tuple[Knob, ...] = (
          "hanging."),
     Knob("slow_worker", "slow_worker", "", _slow_worker,
          "Fault injection for benchmarks: 'INDEX:FACTOR' makes worker INDEX take FACTOR times "
-         "as long per step (e.g. 1:4.0). Empty: off."),
+         "as long per step (e.g. 1:4.0); 'INDEX:FACTOR@START%-END%' only while the step is in "
+         "that part of the run (e.g. 1:4.0@30%-60%; sync and hybrid). Empty: off."),
     # --- async knobs ---
     Knob("ps_shards", "ps_shards", 1, _number(int, 1, 1024),
          "Async: split each large variable over up to this many ps tasks (1: no sharding).",
@@ -224,5 +237,19 @@ KNOBS: Tuple[Knob, ...] = (
          "the way to the new center (0: the EASGD paper's 0.9 / groups; 1 / groups is periodic "
          "averaging; groups * alpha must be <= 1).",
          modes=("hybrid",)),
+    # --- online switching (tfsyncmodes/switching/) ---
+    Knob("switch_policy", "switch_policy", "none", _choice(lambda: ("none", "straggler")),
+         "Under horovodrun: straggler moves a sync run to hybrid, the slow ranks in one group, "
+         "while the slowest rank's step time over the median stays at or above "
+         "switch_threshold, and back to sync once it falls (none: stay in one mode)."),
+    Knob("switch_threshold", "switch_threshold", 1.5, _number(float, 1.01, 1e3),
+         "switch_policy=straggler: the slowest/median step-time ratio that counts as a "
+         "straggler (back to sync below 1 + (threshold - 1) / 2)."),
+    Knob("switch_interval", "switch_interval", 10, _number(int, 2, 1 << 20),
+         "switch_policy=straggler: every this many steps the ranks exchange their mean step "
+         "time and decide."),
+    Knob("switch_patience", "switch_patience", 2, _number(int, 1, 1000),
+         "switch_policy=straggler: consecutive windows above (or below) the threshold before "
+         "a switch (hysteresis)."),
 )
 KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}

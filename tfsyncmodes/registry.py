@@ -64,10 +64,10 @@ class Registry:
 
 
 MODES = Registry("mode", ["tfsyncmodes.strategies.sync", "tfsyncmodes.strategies.parameter_server",
-                          "tfsyncmodes.strategies.hybrid"])
+                          "tfsyncmodes.strategies.hybrid", "tfsyncmodes.strategies.auto"])
 BACKENDS = Registry("backend", ["tfsyncmodes.strategies.horovod", "tfsyncmodes.strategies.mirrored"])
 COMPRESSORS = Registry("compression", ["tfsyncmodes.exchange.compressors"])
 MEMORIES = Registry("memory", ["tfsyncmodes.exchange.memory"])
 CROSS_GROUP = Registry("cross_group", ["tfsyncmodes.exchange.policies", "tfsyncmodes.exchange.elastic"])
 OUTER_OPTIMIZERS = Registry("outer_optimizer", ["tfsyncmodes.exchange.outer"])
-SWITCH_PLANS = Registry("switch plan", ["tfsyncmodes.switching.plans"])
+SWITCH_PLANS = Registry("switch plan", ["tfsyncmodes.switching.plans", "tfsyncmodes.switching.policy"])

@@ -160,12 +160,12 @@ class ModeStrategy:
     def required_callbacks(self) -> List:
         """Callbacks the mode needs on every process: correctness first, then the
         ``--slow_worker`` fault injection when it names this worker."""
-        from tfsyncmodes.testing.faults import SlowWorker, slow_worker_factor
+        from tfsyncmodes.testing.faults import SlowWorker, slow_spec
 
         callbacks = self._correctness_callbacks()
-        factor = slow_worker_factor(self.config, self.worker_index)
-        if factor > 1.0:
-            callbacks.append(SlowWorker(factor))
+        spec = slow_spec(self.config, self.worker_index)
+        if spec is not None:
+            callbacks.append(SlowWorker(spec.factor, (spec.start, spec.end)))
         return callbacks
 
     def _correctness_callbacks(self) -> List:

@@ -22,7 +22,7 @@ from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError, JobFailure
 from tfsyncmodes.registry import MODES
 from tfsyncmodes.strategies.base import Mode, ModeStrategy
-from tfsyncmodes.testing.faults import slow_worker_factor
+from tfsyncmodes.testing.faults import refuse_window, slow_worker_factor
 from tfsyncmodes.testing.throttle import throttle_self
 from tfsyncmodes.watchdog import deadline
 
@@ -79,6 +79,7 @@ def serve(config: SyncConfig, tf_config: TFConfig) -> None:
                                   task_index=tf_config.task_index, protocol="grpc", start=True)
     del server  # kept alive by the runtime until the process exits
     if tf_config.task_type == "worker":
+        refuse_window(config, "an async worker (throttled as a whole process)")
         factor = slow_worker_factor(config, tf_config.task_index)
         if factor > 1.0:
             throttle_self(factor)
@@ -107,6 +108,7 @@ class AsyncStrategy(ModeStrategy):
     backend = "parameter_server"
 
     def __init__(self, config: SyncConfig, tf_config: TFConfig):
+        refuse_window(config, "async mode (its workers are throttled as whole processes)")
         self.cluster = tf_config
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         partitioner = None

@@ -40,6 +40,9 @@ class SwitchingStrategy(HorovodStrategy):
         self.configs = {m: mode_config(config, m) for m in self.modes}
         self._mode = self.modes[0]
         self.layout, self._groups = None, None
+        prepare = getattr(plan, "prepare_horovod", None)  # e.g. process sets a policy may need
+        if prepare is not None and horovod_env is not None:
+            prepare(config, horovod_env)
         if "hybrid" in self.modes:
             hybrid = self.configs["hybrid"]
             self.layout = groups_lib.layout_from_config(hybrid, horovod_env.size, horovod_env.local_size)

@@ -9,6 +9,15 @@ a :class:`~tfsyncmodes.switching.exchange.SwitchableExchange` (one exchange per 
 their state optimizer state). The switch itself is
 :meth:`tfsyncmodes.keras.switching.ModeSwitch.switch_to`, at a step boundary.
 
+The online policy (``--switch_policy=straggler``) and ``--sync_mode=auto``:
+
+- :mod:`~tfsyncmodes.switching.decision`: the straggler policy's decision (pure, no TensorFlow).
+- :mod:`~tfsyncmodes.switching.candidates`: the process sets every possible grouping needs,
+  registered at ``hvd.init``.
+- :mod:`~tfsyncmodes.switching.straggler`: the Keras callback that measures, exchanges and
+  switches.
+- :mod:`~tfsyncmodes.switching.auto`: ``--sync_mode=auto``'s rule (pure) and probe.
+
 References: Sync-Switch (Li et al., ICDCS 2021, arXiv 2104.08364) switches a TensorFlow job
 between synchronisation protocols within a run, by offline schedules and online policies;
 PyTorch's post-local SGD (``PostLocalSGDState(start_localSGD_iter=...)``) is the fixed
@@ -25,12 +34,19 @@ from tfsyncmodes import registry
 def plan_for(config) -> Optional[Tuple[object, Tuple[str, ...]]]:
     """(plan, modes) of the first registered plan in force for `config`; None: the run stays
     in ``config.mode`` from start to end."""
+    in_force = []
     for name in registry.SWITCH_PLANS.names():
         plan = registry.SWITCH_PLANS.get(name)()
         modes = tuple(plan.modes(config))
         if modes:
-            return plan, modes
-    return None
+            in_force.append((name, plan, modes))
+    if len(in_force) > 1:
+        from tfsyncmodes.errors import ConfigError
+
+        names = [name for name, _, _ in in_force]
+        raise ConfigError("configuration", "switch plans", f"{' and '.join(names)} both decide when to "
+                          "switch", "use one of them")
+    return in_force[0][1:] if in_force else None
 
 
 def mode_config(config, mode: str):

@@ -1,42 +1,118 @@
-"""``--slow_worker=INDEX:FACTOR``: a straggler to rehearse with.
+"""``--slow_worker=INDEX:FACTOR[@START%-END%]``: a straggler to rehearse with.
 
 Under Horovod a rank is slowed by a Keras callback (:class:`SlowWorker`) that sleeps after each
-step; an async worker's steps run inside its TensorFlow server, where no callback runs, so the
-whole process is throttled (:func:`tfsyncmodes.testing.throttle.throttle_self`).
+step; with a window (``1:4.0@30%-60%``) it sleeps only while the run's step is inside that part
+of the run's steps (``epochs * steps`` as Keras passes them to callbacks), a transient straggler.
+An async worker's steps run inside its TensorFlow server, where no callback runs and the step
+count is unknown, so the whole process is throttled
+(:func:`tfsyncmodes.testing.throttle.throttle_self`) and a window is refused there.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from tfsyncmodes.keras.compat import keras
 
 
+@dataclasses.dataclass(frozen=True)
+class SlowSpec:
+    """Worker `index` runs `factor` times slower while the step is in [start, end) of the run
+    (fractions of its steps; 0 and 1 when the whole run)."""
+
+    index: int
+    factor: float
+    start: float = 0.0
+    end: float = 1.0
+
+    @property
+    def transient(self) -> bool:
+        return (self.start, self.end) != (0.0, 1.0)
+
+    def window_steps(self, total_steps: int) -> Tuple[int, int]:
+        """The steps [first, stop) of a run of `total_steps` that run slow."""
+        return int(round(self.start * total_steps)), int(round(self.end * total_steps))
+
+
+def parse_spec(text: str) -> Optional[SlowSpec]:
+    """The canonical knob text (``knobs._slow_worker``) as a SlowSpec; None when off."""
+    if not text:
+        return None
+    head, _, window = text.partition("@")
+    index, factor = head.split(":")
+    if not window:
+        return SlowSpec(int(index), float(factor))
+    start, end = (float(part.rstrip("%")) / 100.0 for part in window.split("-"))
+    return SlowSpec(int(index), float(factor), start, end)
+
+
+def slow_spec(config: Any, worker_index: int) -> Optional[SlowSpec]:
+    """The straggler spec when `config.slow_worker` names `worker_index` (None: not slowed)."""
+    spec = parse_spec(config.slow_worker)
+    return spec if spec is not None and spec.index == worker_index and spec.factor > 1.0 else None
+
+
 def slow_worker_factor(config: Any, worker_index: int) -> float:
     """How many times slower `worker_index` must run under `config.slow_worker` (1.0: not)."""
-    if not config.slow_worker:
-        return 1.0
-    index, factor = config.slow_worker.split(":")
-    return float(factor) if int(index) == worker_index else 1.0
+    spec = slow_spec(config, worker_index)
+    return spec.factor if spec is not None else 1.0
+
+
+def refuse_window(config: Any, where: str) -> None:
+    """ConfigError when `config.slow_worker` has a window in a mode that cannot honour it."""
+    from tfsyncmodes.errors import ConfigError
+
+    spec = parse_spec(config.slow_worker)
+    if spec is not None and spec.transient:
+        raise ConfigError(config.sources.get("slow_worker", "default"), "slow_worker",
+                          f"{config.slow_worker!r} has a window, which {where} cannot follow",
+                          f"use {spec.index}:{spec.factor} (slow throughout) in this mode")
 
 
 class SlowWorker(keras.callbacks.Callback):
-    """Fault injection: after each step, sleeps so that the step took `factor` times as long.
+    """Fault injection: after each step, sleeps so that the step took `factor` times as long;
+    with `window` (fractions of the run's steps, as in :class:`SlowSpec`) only inside it.
 
-    Used by the benchmarks (``--slow_worker=INDEX:FACTOR``) to model a straggler.
+    Used by the benchmarks (``--slow_worker=INDEX:FACTOR[@START%-END%]``) to model a straggler.
     """
 
-    def __init__(self, factor: float):
+    def __init__(self, factor: float, window: Tuple[float, float] = (0.0, 1.0)):
         super().__init__()
         self.factor = factor
+        self.window = window
         self._started = 0.0
+        self._epoch = 0
+        self._steps = (0, 1 << 62)  # [first, stop) in steps; set at train begin
+
+    def on_train_begin(self, logs=None):
+        steps = (self.params or {}).get("steps") or 0
+        epochs = (self.params or {}).get("epochs") or 1
+        if self.window != (0.0, 1.0):
+            if not steps:
+                from tfsyncmodes.errors import ConfigError
+
+                raise ConfigError("fit", "steps_per_epoch", "--slow_worker with a window needs the "
+                                  "run's length", "pass steps_per_epoch to fit")
+            spec = SlowSpec(0, self.factor, *self.window)
+            self._steps = spec.window_steps(int(steps) * int(epochs))
+        self._per_epoch = int(steps)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def slow_at(self, step: int) -> bool:
+        """Whether the run's step `step` (0-based) runs slow."""
+        return self._steps[0] <= step < self._steps[1]
 
     def on_train_batch_begin(self, batch, logs=None):
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
+        if not self.slow_at(self._epoch * self._per_epoch + batch):
+            return
         for value in (logs or {}).values():
             np.asarray(value)  # waits for the step's result: time the step, not its dispatch
             break

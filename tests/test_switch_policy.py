@@ -1,0 +1,231 @@
+"""Online switching: ``--slow_worker`` windows, the straggler policy's decision and
+``--sync_mode=auto``'s rule (pure), and real runs: a transient straggler whose slowdown shows
+only inside its window, and the straggler policy in a horovodrun -np 4 job."""
+import os
+import time
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, clean_env
+from tfsyncmodes import config
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.switching import auto
+from tfsyncmodes.switching.decision import StragglerDecider, own_step_times, slow_first_groups
+from tfsyncmodes.testing import localrun
+
+TRAIN = os.path.join(REPO, "scripts", "train.py")
+
+
+# --- --slow_worker=INDEX:FACTOR[@START%-END%] ----------------------------------------------
+
+@pytest.mark.parametrize("text, canonical", [
+    ("1:4", "1:4.0"), ("1:4.0@30%-60%", "1:4.0@30%-60%"), (" 2:2.5@0%-100% ", "2:2.5@0%-100%"),
+    ("0:3@12.5%-50%", "0:3.0@12.5%-50%"), ("", ""),
+])
+def test_slow_worker_accepts_both_forms(text, canonical):
+    resolved = config.resolve({"slow_worker": text}, environ={}, use_flags=False)
+    assert resolved.slow_worker == canonical
+
+
+@pytest.mark.parametrize("text", ["1:4@60%-30%", "1:4@30-60", "1:4@30%", "1:4@-10%-50%", "1:4@30%-120%",
+                                  "1:0.5@10%-20%", "x:4", "1:4@a%-b%", "1:4@30%-30%"])
+def test_slow_worker_rejects_bad_windows(text):
+    with pytest.raises(ConfigError) as raised:
+        config.resolve({"slow_worker": text}, environ={}, use_flags=False)
+    assert "slow_worker" in str(raised.value) and "1:4.0@30%-60%" in str(raised.value)
+
+
+def test_bad_slow_worker_flag_is_one_line_and_exit_2():
+    result = localrun.run([PYTHON, TRAIN, "--slow_worker=1:4@60%-30%"], timeout=120, env=clean_env(), cwd=REPO)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error:")]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(errors) == 1 and "--slow_worker" in errors[0] and "Traceback" not in result.stderr
+
+
+def test_async_refuses_a_window_but_takes_the_plain_form():
+    from tfsyncmodes.testing.faults import refuse_window
+
+    with pytest.raises(ConfigError) as raised:
+        refuse_window(config.resolve({"mode": "async", "slow_worker": "1:4@30%-60%"}, environ={},
+                                     use_flags=False), "async mode")
+    assert "slow_worker" in str(raised.value) and "use 1:4.0" in str(raised.value)
+    refuse_window(config.resolve({"mode": "async", "slow_worker": "1:4"}, environ={}, use_flags=False), "async mode")
+
+
+def test_window_slows_only_inside_it():
+    """A real Keras fit of 40 steps with rank 0 slowed 6x during 25 %-50 % of the run: the
+    steps inside the window take several times as long as those outside it."""
+    from tfsyncmodes.keras.compat import keras
+    import numpy as np
+    from tfsyncmodes.testing.faults import SlowWorker, parse_spec
+
+    spec = parse_spec(config.resolve({"slow_worker": "0:6@25%-50%"}, environ={}, use_flags=False).slow_worker)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(0).standard_normal((64 * 20, 64)).astype("float32")
+    y = np.zeros(len(x), "int32")
+    began = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            began.append(time.perf_counter())
+
+        def on_train_end(self, logs=None):
+            began.append(time.perf_counter())
+
+    slow = SlowWorker(spec.factor, (spec.start, spec.end))
+    model.fit(x, y, batch_size=64, epochs=2, steps_per_epoch=20, verbose=0, callbacks=[Clock(), slow])
+    steps = np.diff(began)  # step k = begin k -> begin k+1, SlowWorker's sleep included
+    assert len(steps) == 40 and slow._steps == (10, 20)
+    inside, outside = np.median(steps[10:20]), np.median(np.concatenate([steps[2:10], steps[21:]]))
+    assert inside > 2.5 * outside, (inside, outside, steps)
+    assert [slow.slow_at(k) for k in (9, 10, 19, 20)] == [False, True, True, False]
+
+
+# --- the straggler policy's decision (pure) ------------------------------------------------
+
+def test_decider_switches_after_patience_and_back_with_hysteresis():
+    decider = StragglerDecider(threshold=1.5, patience=2, group_size=2)
+    even, slow1, middling = [1.0, 1.0, 1.0, 1.0], [1.0, 4.0, 1.1, 0.9], [1.0, 1.4, 1.0, 1.0]
+    modes = []
+    for times in [even, slow1, even, slow1, slow1, slow1, middling, even, middling, even, even]:
+        decision = decider.observe(times)
+        modes.append((decision.mode, decision.switched))
+    # One slow window is not enough; two in a row are. 1.4 is below 1.5 but above the lower
+    # threshold 1.25, so it neither switches to hybrid nor counts towards leaving it.
+    assert modes == [("sync", False), ("sync", False), ("sync", False), ("sync", False), ("hybrid", True),
+                     ("hybrid", False), ("hybrid", False), ("hybrid", False), ("hybrid", False),
+                     ("hybrid", False), ("sync", True)]
+    assert decider.low == 1.25
+
+
+def test_decider_groups_slow_ranks_together_and_logs_its_figures():
+    decider = StragglerDecider(threshold=1.5, patience=1, group_size=2)
+    decision = decider.observe([1.0, 4.0, 1.0, 3.0])
+    assert decision.switched and decision.groups == ((1, 3), (0, 2))
+    assert decision.slowest == 1 and decision.median == 2.0 and decision.ratio == 2.0
+    line = decision.line()
+    assert "switch to hybrid groups=1,3;0,2" in line and "slowest rank 1 at 2.00x" in line
+    assert "[1000.0,4000.0,1000.0,3000.0]" in line
+    assert slow_first_groups([1.0, 1.0, 1.0, 1.0], 2) == ((0, 1), (2, 3))
+
+
+def test_own_step_times_take_out_the_wait_for_peers():
+    # Rank 1 sleeps 30 ms between steps; the others wait for it inside their train function.
+    cycle, in_step = [40.0, 40.0, 40.0, 40.0], [38.0, 10.0, 38.5, 37.5]
+    assert own_step_times(cycle, in_step) == [12.0, 40.0, 11.5, 12.5]
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"mode": "hybrid", "switch_policy": "straggler"}, "starts in sync"),
+    ({"mode_schedule": "sync:10%,hybrid", "switch_policy": "straggler"}, "schedule and straggler both decide"),
+])
+def test_policy_combinations_that_cannot_run_are_config_errors(overrides, words):
+    from tfsyncmodes import switching
+
+    with pytest.raises(ConfigError) as raised:
+        switching.plan_for(config.resolve(overrides, environ={}, use_flags=False))
+    assert words in str(raised.value)
+    plan, modes = switching.plan_for(config.resolve({"switch_policy": "straggler"}, environ={}, use_flags=False))
+    assert modes == ("sync", "hybrid") and type(plan).__name__ == "StragglerPlan"
+
+
+# --- --sync_mode=auto's rule (pure) ---------------------------------------------------------
+
+def test_auto_rule():
+    one = auto.choose([0.0], 0.0, 1.5, 1)
+    assert (one.mode, one.switch_policy) == ("sync", "none")
+    slow_link = auto.choose([0.010, 0.011, 0.010, 0.012], 0.020, 1.5, 2)
+    assert slow_link.mode == "hybrid" and "exchange takes" in slow_link.reason and "66% of a step" in slow_link.reason
+    straggler = auto.choose([0.010, 0.040, 0.011, 0.010], 0.002, 1.5, 2)
+    assert (straggler.mode, straggler.groups) == ("hybrid", ((1, 2), (0, 3)))
+    assert "slowest/median 3.81" in straggler.reason
+    even = auto.choose([0.010, 0.011, 0.010, 0.012], 0.002, 1.5, 2)
+    assert (even.mode, even.switch_policy) == ("sync", "straggler")
+    assert "\n" not in even.reason and "MB/s" in even.reason
+
+
+# --- the whole policy: horovodrun -np 4, rank 1 4x slow during 30 %-60 % of the run ---------
+
+EPOCHS, STEPS = 6, 20  # 120 steps; the straggler is slow in steps 36-71
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_straggler_policy_switches_to_hybrid_inside_the_window_and_back(tmp_path):
+    import json
+
+    import numpy as np
+
+    from tests.conftest import WORKERS, run_checked
+    command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "switch_policy_run.py"), str(tmp_path),
+                                              f"--epochs={EPOCHS}", f"--steps={STEPS}"])
+    result = run_checked(command, timeout=540, TFSYNC_SWITCH_POLICY="straggler", TFSYNC_SWITCH_INTERVAL="4",
+                         TFSYNC_SWITCH_PATIENCE="2", TFSYNC_SLOW_WORKER="1:4.0@30%-60%")
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(4)]
+    total, first, stop = EPOCHS * STEPS, 36, 72
+    switches = json.loads(str(ranks[0]["switches"]))
+    # Every rank switched at the same steps, and logged the same mode at every step.
+    for other in ranks[1:]:
+        assert json.loads(str(other["switches"])) == switches
+        assert np.array_equal(other["modes"], ranks[0]["modes"])
+    assert len(ranks[0]["modes"]) == total
+    to_hybrid = [step for step, _, mode in switches if mode == "hybrid"]
+    to_sync = [step for step, _, mode in switches if mode == "sync"]
+    assert to_hybrid and first <= to_hybrid[0] < stop, switches
+    assert to_sync and to_sync[-1] >= stop and switches[-1][2] == "sync", switches
+    assert all(first <= s < stop + 4 * 4 for s in to_hybrid), switches  # no switch from noise outside
+    # The slow rank was put in the first group, with the next slowest rank.
+    decisions = json.loads(str(ranks[0]["decisions"]))
+    up = next(d for d in decisions if d["switched"] and d["mode"] == "hybrid")
+    assert 1 in up["groups"][0] and up["ratio"] >= 1.5
+    # Replaying the decisions from the gathered times gives the same modes (every rank alike).
+    replay = StragglerDecider(1.5, 2, 2)
+    assert [replay.observe(d["times"]).mode for d in decisions] == [d["mode"] for d in decisions]
+    for other in ranks[1:]:
+        assert json.loads(str(other["decisions"])) == decisions
+    # The modes logged per step follow the switches (sync 0, hybrid 2).
+    expected = np.zeros(total)
+    for step, _, mode in switches:
+        expected[step:] = 2.0 if mode == "hybrid" else 0.0
+    assert np.array_equal(ranks[0]["modes"], expected)
+    # One model on every rank at the end (the groups were averaged when leaving hybrid).
+    finals = np.stack([r["final"] for r in ranks])
+    assert np.abs(finals - finals[0]).max() <= 1e-6 * max(1.0, np.abs(finals[0]).max())
+    # The chief logged each switch with its figures, and wrote the per-rank step times.
+    lines = [line for line in result.stderr.splitlines() if "switch policy: window" in line]
+    assert len(lines) >= len(switches) and "slowest rank 1" in "".join(lines), result.stderr[-3000:]
+    scalars = json.loads(str(ranks[0]["scalars"]))
+    assert sorted(scalars) == [f"switch_policy/step_ms_rank_{r}" for r in range(4)]
+    assert len(scalars["switch_policy/step_ms_rank_1"]) == len(decisions)
+    assert max(v for _, v in scalars["switch_policy/step_ms_rank_1"]) > 1.5 * np.median(
+        [v for _, v in scalars["switch_policy/step_ms_rank_0"]])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_auto_probes_picks_and_logs_why_in_one_line(tmp_path):
+    """A real horovodrun -np 2 run of scripts/train.py --sync_mode=auto: one 'auto:' line with
+    the probe's figures, and the run trains in the mode that line names."""
+    import json
+    import re
+
+    from tests.conftest import run_checked
+
+    metrics = tmp_path / "metrics.json"
+    command = localrun.horovodrun_command(2, [PYTHON, TRAIN, "--sync_mode=auto", "--epochs=1",
+                                              f"--model_dir={tmp_path / 'run'}", f"--metrics_file={metrics}"])
+    result = run_checked(command, timeout=360)
+    lines = [line for line in result.stderr.splitlines() if "] auto: " in line]
+    assert len(lines) == 1, result.stderr[-3000:]
+    chosen = re.search(r"auto: (sync|hybrid)", lines[0]).group(1)
+    assert "median step" in lines[0] and "MB/s" in lines[0] and "of a step" in lines[0]
+    step_ms = float(re.search(r"median step ([0-9.]+) ms", lines[0]).group(1))
+    allreduce_ms = float(re.search(r"MiB ([0-9.]+) ms", lines[0]).group(1))
+    ratio = float(re.search(r"slowest/median ([0-9.]+)", lines[0]).group(1))
+    # The logged figures give the logged choice under the README's rule.
+    hybrid = allreduce_ms / (step_ms + allreduce_ms) >= auto.COMM_SHARE or ratio >= 1.5
+    assert chosen == ("hybrid" if hybrid else "sync"), lines[0]
+    with open(metrics, encoding="utf-8") as handle:
+        assert json.load(handle)["mode"] == chosen

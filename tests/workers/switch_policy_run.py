@@ -1,0 +1,80 @@
+"""Trains a small MLP under ``--switch_policy=straggler`` and saves what the test checks.
+
+    horovodrun -np 4 python switch_policy_run.py OUTDIR [--epochs=6] [--steps=20]
+
+The policy's knobs and the straggler come from the environment (TFSYNC_SWITCH_POLICY,
+TFSYNC_SLOW_WORKER=1:4.0@30%-60%, ...). Saves OUTDIR/rank<R>.npz: each step's logged mode, the
+policy's decisions (with the step times they were made from), the switches, the final weights;
+the chief also the TensorBoard scalars of the per-rank step times.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+
+
+def main(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("outdir")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args(argv)
+
+    import tensorflow as tf
+    from absl import logging
+
+    import tfsyncmodes
+    from tfsyncmodes.keras.compat import keras
+    from tfsyncmodes.switching.straggler import StragglerSwitch
+
+    logging.set_verbosity(logging.INFO)
+    strategy = tfsyncmodes.make_strategy()
+    rank = strategy.worker_index
+    rng = np.random.default_rng(rank)
+    x = rng.standard_normal((64 * args.steps, 64)).astype("float32")
+    y = (x[:, :10].argmax(axis=1)).astype("int32")
+
+    def dataset_fn(context):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True).repeat()
+
+    modes = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            modes.append(float(logs["mode"]))
+
+    with strategy.scope():
+        keras.utils.set_random_seed(7)
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"),
+                                  keras.layers.Dense(10)])
+        model.compile(optimizer=strategy.wrap(keras.optimizers.Adam(0.01)),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    model_dir = os.path.join(args.outdir, "model")
+    callbacks = strategy.callbacks(model_dir, checkpoint=False) + [Record()]
+    strategy.fit(model, dataset_fn, epochs=args.epochs, steps_per_epoch=args.steps, verbose=0,
+                 callbacks=callbacks)
+    policy = next(c for c in callbacks if isinstance(c, StragglerSwitch))
+    decisions = [{"mode": d.mode, "switched": d.switched, "ratio": d.ratio, "times": list(d.times),
+                  "groups": [list(g) for g in d.groups]} for d in policy.decisions]
+    scalars = {}
+    if strategy.is_chief:
+        directory = os.path.join(model_dir, "logs", "switches")
+        for event_file in sorted(os.listdir(directory)):
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, event_file)):
+                for value in event.summary.value:
+                    if value.tag.startswith("switch_policy/step_ms_rank_"):
+                        scalars.setdefault(value.tag, []).append(
+                            [int(event.step), float(tf.make_ndarray(value.tensor))])
+    weights = np.concatenate([np.asarray(w).reshape(-1) for w in model.get_weights()])
+    np.savez(os.path.join(args.outdir, f"rank{rank}.npz"), modes=np.array(modes), final=weights,
+             decisions=json.dumps(decisions), switches=json.dumps(policy.switches),
+             scalars=json.dumps(scalars), interval=policy.interval, strategy_mode=strategy.mode)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

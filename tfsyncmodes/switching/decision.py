@@ -1,0 +1,102 @@
+"""The straggler policy's decision, as a pure function of the ranks' step times.
+
+After the online policies of Sync-Switch (Li et al., "Sync-Switch: Hybrid Parameter
+Synchronization for Distributed Deep Learning", ICDCS 2021, arXiv 2104.08364): training starts
+synchronous (better converged accuracy); when a straggler shows up the job switches to a looser
+protocol so the fast workers stop waiting, and it switches back once the straggler is gone. Here
+the looser protocol is hybrid (the slow ranks share one group), the straggler test is the
+slowest rank's step time over the median, and hysteresis keeps a noisy window from flapping:
+`patience` consecutive windows at or above `threshold` switch to hybrid, `patience`
+consecutive windows below ``1 + (threshold - 1) / 2`` switch back.
+
+Every rank runs the same :class:`StragglerDecider` on the same gathered numbers, so every rank
+reaches the same decision without another message.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Sequence, Tuple
+
+Groups = Tuple[Tuple[int, ...], ...]
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
+
+
+def own_step_times(cycle: Sequence[float], in_step: Sequence[float]) -> List[float]:
+    """Each rank's own time per step: its wall time per step (`cycle`) less the time it waited
+    for peers, estimated as its time inside the train function (`in_step`) beyond the least of
+    any rank's (the rank that arrives last at the collective waits least)."""
+    least = min(in_step)
+    return [max(c - (s - least), 0.0) for c, s in zip(cycle, in_step)]
+
+
+def slow_first_groups(times: Sequence[float], group_size: int) -> Groups:
+    """Ranks ordered slowest first (ties: lower rank first) and cut into groups of
+    `group_size`: the slow ranks share the first group, the fast ones train in the others."""
+    order = sorted(range(len(times)), key=lambda rank: (-times[rank], rank))
+    return tuple(tuple(sorted(order[i:i + group_size])) for i in range(0, len(order), group_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The outcome of one window: the mode to train in from now on and the figures behind it."""
+
+    window: int
+    mode: str
+    switched: bool
+    ratio: float
+    slowest: int
+    median: float
+    times: Tuple[float, ...]
+    streak: int
+    groups: Groups = ()
+
+    def line(self) -> str:
+        """One log line with every figure that led to the decision."""
+        action = (f"switch to {self.mode}" if self.switched else f"stay in {self.mode}")
+        groups = f" groups={';'.join(','.join(map(str, g)) for g in self.groups)}" if self.groups else ""
+        times = ",".join(f"{t * 1000:.1f}" for t in self.times)
+        return (f"switch policy: window {self.window}: {action}{groups}: slowest rank {self.slowest} "
+                f"at {self.ratio:.2f}x the median ({self.median * 1000:.1f} ms); streak {self.streak}; "
+                f"step ms per rank [{times}]")
+
+
+class StragglerDecider:
+    """Hysteresis over windows: sync -> hybrid after `patience` windows with ratio >=
+    `threshold`, hybrid -> sync after `patience` windows with ratio < the lower threshold."""
+
+    def __init__(self, threshold: float = 1.5, patience: int = 2, group_size: int = 2,
+                 mode: str = "sync"):
+        if threshold <= 1.0 or patience < 1 or group_size < 1:
+            raise ValueError("threshold > 1, patience >= 1 and group_size >= 1 are required")
+        self.threshold = threshold
+        self.low = 1.0 + (threshold - 1.0) / 2.0
+        self.patience = patience
+        self.group_size = group_size
+        self.mode = mode
+        self.groups: Groups = ()
+        self.streak = 0
+        self.window = 0
+
+    def observe(self, times: Sequence[float]) -> Decision:
+        """Takes one window's per-rank step times (seconds) and returns the decision."""
+        times = tuple(float(t) for t in times)
+        middle = median(times)
+        slowest = max(range(len(times)), key=lambda rank: (times[rank], -rank))
+        ratio = times[slowest] / middle if middle > 0 else 1.0
+        leaving = ratio >= self.threshold if self.mode == "sync" else ratio < self.low
+        self.streak = self.streak + 1 if leaving else 0
+        switched = self.streak >= self.patience
+        if switched:
+            self.streak = 0
+            if self.mode == "sync":
+                self.mode, self.groups = "hybrid", slow_first_groups(times, self.group_size)
+            else:
+                self.mode, self.groups = "sync", ()
+        self.window += 1
+        return Decision(self.window, self.mode, switched, ratio, slowest, middle, times,
+                        self.streak, self.groups)
