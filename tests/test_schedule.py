@@ -31,6 +31,7 @@ def test_canonical_text():
 
 @pytest.mark.parametrize("text, words", [
     ("sync:10%,bogus", "names mode 'bogus'"),
+    ("auto:10%,sync", "names mode 'auto'"),
     ("sync,hybrid", "phase 0 of 'sync,hybrid' has no length"),
     ("sync:10x,hybrid", "is not a number"),
     ("sync:60%,hybrid:60%,sync", "add up to 120 %"),

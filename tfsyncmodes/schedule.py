@@ -54,13 +54,14 @@ def split(text: str) -> List[Tuple[str, Optional[Tuple[float, str]]]]:
     if not spec:
         return []
     out = []
+    names = [n for n in registry.MODES.names() if getattr(registry.MODES.get(n), "schedulable", True)]
     parts = [p.strip() for p in spec.split(",")]
     for number, part in enumerate(parts):
         mode, colon, length = (s.strip() for s in part.partition(":"))
         mode = mode.lower()
-        if mode not in registry.MODES.names():
+        if mode not in names:
             raise ValueError(f"phase {number} of {spec!r} names mode {mode!r}",
-                             "use modes among " + ", ".join(registry.MODES.names()))
+                             "use modes among " + ", ".join(names))
         if not colon or not length:
             if number != len(parts) - 1:
                 raise ValueError(f"phase {number} of {spec!r} has no length", FIX)

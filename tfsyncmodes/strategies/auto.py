@@ -12,6 +12,8 @@ from tfsyncmodes.strategies.base import Mode
 
 @MODES.register("auto")
 class AutoMode(Mode):
+    schedulable = False  # it picks a mode; a --mode_schedule names the modes themselves
+
     def make_strategy(self, config, horovod, tf_config):
         from tfsyncmodes.switching import auto, candidates
         from tfsyncmodes.testing.faults import slow_spec
