@@ -208,6 +208,46 @@ SCENARIOS = {
 }
 
 
+# --local_steps=auto with rank 1 slowed 4x: its group runs fewer inner steps per round than
+# the other (the run records the rounds; the reference replays them).
+AUTO_STEPS = {"auto_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
+                            "local_steps": "auto", "slow_worker": "1:4.0"}}
+
+
+def check_local_steps(workers, knobs, steps, tolerance):
+    """The recorded rounds: the same on every rank, unequal (the slowed group runs fewer inner
+    steps), each group's steps in the epoch, and the weights against NumPy's replay of them."""
+    groups = [list(g) for g in workers[0]["groups"]]
+    rounds = workers[0]["round_steps"]
+    for w in workers:
+        np.testing.assert_array_equal(w["round_steps"], rounds)
+    slow = [g for g, ranks in enumerate(groups) if 1 in ranks][0]
+    assert rounds.shape[1] == 2 and rounds.min() >= 1, rounds
+    assert rounds[:, 1 - slow].sum() == steps, rounds  # the fast group ran the whole epoch
+    assert any(r[slow] < r[1 - slow] for r in rounds), rounds  # ... and more steps per round
+    assert rounds.max() <= knobs["staleness"] + 1
+    for w in workers:  # every rank ran its group's steps, no more
+        assert int(w["iterations"]) == rounds[:, int(w["group"])].sum()
+        logged = json.loads(str(w["local_steps"]))
+        assert logged["local_steps_rounds"] == len(rounds)
+        for g in range(2):
+            assert logged[f"local_steps_group{g}"] == pytest.approx(rounds[:, g].mean())
+    x, y = reference.linear_data(steps, 4)
+    options = {k: v for k, v in knobs.items()
+               if k in ("compression", "topk_ratio", "error_feedback", "outer_optimizer", "outer_lr", "outer_momentum")}
+    want, used = reference.local_steps_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
+                                                rounds, **options)
+    assert used == [int(rounds[:, g].sum()) for g in range(2)]
+    for w in workers:
+        np.testing.assert_allclose(w["kernel"], want[int(w["group"])][0], rtol=0, atol=tolerance)
+        np.testing.assert_allclose(w["bias"], want[int(w["group"])][1], rtol=0, atol=tolerance)
+        np.testing.assert_array_equal(w["kernel"], workers[0]["kernel"])
+    # Weighting matters: the plain mean of the groups' changes over the same rounds is another model.
+    unweighted, _ = reference.local_steps_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
+                                                   rounds, weighted=False, **options)
+    assert np.abs(unweighted[0][0] - want[0][0]).max() > 1e-4
+
+
 def run_scenarios(tmp_path, scenarios, steps, **env):
     command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "hybrid_steps.py"), str(tmp_path),
                                               json.dumps(scenarios), f"--steps={steps}"])
@@ -260,7 +300,9 @@ def check_against_numpy(workers, knobs, steps, tolerance):
 @pytest.mark.timeout(240)
 def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
     steps = 4
-    results = run_scenarios(tmp_path, SCENARIOS, steps, TFSYNC_GROUP_SIZE=2)
+    results = run_scenarios(tmp_path, dict(SCENARIOS, **AUTO_STEPS), steps, TFSYNC_GROUP_SIZE=2)
+    for name, knobs in AUTO_STEPS.items():
+        check_local_steps(results[name], knobs, steps, tolerance=1e-6)
     size = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
     for name, knobs in SCENARIOS.items():
         workers = results[name]
@@ -303,8 +345,10 @@ def test_hybrid_tf_keras_explicit_groups_stale_topk_and_outer_nesterov_equal_num
              "staleness_aware_lr": False}  # late rounds count in full (Keras 3 covers the discount)
     nesterov = {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
                 "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8}
-    results = run_scenarios(tmp_path, {"stale_topk": knobs, "periodic_nesterov": nesterov}, steps=4,
-                            TFSYNC_GROUPS="0,2;1,3", TF_USE_LEGACY_KERAS=1)
+    auto = dict(nesterov, local_steps="auto", slow_worker="1:4.0")
+    results = run_scenarios(tmp_path, {"stale_topk": knobs, "periodic_nesterov": nesterov, "auto_nesterov": auto},
+                            steps=4, TFSYNC_GROUPS="0,2;1,3", TF_USE_LEGACY_KERAS=1)
+    check_local_steps(results["auto_nesterov"], auto, steps=4, tolerance=1e-6)
     for name, scenario in (("stale_topk", knobs), ("periodic_nesterov", nesterov)):
         workers = results[name]
         assert str(workers[0]["optimizer_class"]) == "SyncSGD"

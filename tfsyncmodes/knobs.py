@@ -111,6 +111,20 @@ def _schedule(value: Any) -> str:
     return schedule.parse(value)
 
 
+def _local_steps(value: Any) -> Any:
+    """'auto' or a number of inner steps per round >= 0 (0: staleness + 1)."""
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        number = int(str(value).strip())
+        if number < 0 or number > 1 << 20:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{value!r} is not accepted",
+                         "use auto or a number of steps in [0, 1048576] (0: staleness + 1)") from None
+    return number
+
+
 def _slow_worker(value: Any) -> str:
     text = str(value).strip()
     if not text:
@@ -207,6 +221,12 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("warmup_steps", "warmup_steps", 0, _number(int, 0, 1 << 30),
          "Hybrid: the first this many steps run in lockstep (staleness 0) before the "
          "staleness bound applies.",
+         modes=("hybrid",)),
+    Knob("local_steps", "local_steps", 0, _local_steps,
+         "Hybrid, cross_group=periodic: inner steps each group runs between averages. A number "
+         "(0: staleness+1), or auto: each group as many as its measured speed allows, the "
+         "fastest staleness+1, and the average weights groups by the samples they processed "
+         "(Async Local-SGD's dynamic local updates).",
          modes=("hybrid",)),
 )
 KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}

@@ -34,6 +34,7 @@ def main(argv):
     from tfsyncmodes import config as config_lib
     from tfsyncmodes.exchange.policies import CrossGroupPolicy
     from tfsyncmodes.keras.compat import keras
+    from tfsyncmodes.testing.faults import SlowWorker, slow_worker_factor
 
     def links(optimizer):
         return [p.link for p in optimizer.exchange.find(CrossGroupPolicy)]
@@ -71,9 +72,16 @@ def main(argv):
                      else keras.optimizers.Adam(reference.LR))
             model.compile(optimizer=tfsyncmodes.wrap(inner, config=knobs), loss="mse", jit_compile=False)
         rounds = RoundsApplied()
+        # A scenario's own straggler (--slow_worker among its knobs), after the required callbacks.
+        factor = slow_worker_factor(knobs, rank)
+        slow = [SlowWorker(factor)] if factor > 1.0 and not base.slow_worker else []
         history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0,
-                               callbacks=[rounds])
+                               callbacks=[rounds] + slow)
         found = links(model.optimizer)
+        policy = model.optimizer.exchange.find(CrossGroupPolicy)
+        recorded = getattr(policy[0], "recorded_rounds", None) if policy else None
+        round_steps = recorded() if recorded else np.zeros((0, 0), np.int64)
+        local_steps = {k: v[-1] for k, v in history.history.items() if k.startswith("local_steps")}
         final = model.get_weights()
         np.savez(os.path.join(args.outdir, f"{name}.rank{rank}.npz"),
                  kernel0=initial[0], bias0=initial[1], kernel=final[0], bias=final[1],
@@ -85,6 +93,7 @@ def main(argv):
                  schedule=np.array(rounds.after_step, np.int64),
                  lag=history.history.get("cross_group_lag", [-1.0])[-1],
                  optimizer_class=type(model.optimizer).__name__, groups_knob=base.groups,
+                 round_steps=round_steps, local_steps=json.dumps(local_steps),
                  description=strategy.describe())
 
 
