@@ -156,6 +156,7 @@ def test_groups_that_do_not_fit_the_world(knobs, world, words):
     ({"TFSYNC_COMPRESSION": "zip"}, ["TFSYNC_COMPRESSION", "none, fp16, topk"]),
     ({"TFSYNC_STALENESS": "-1"}, ["TFSYNC_STALENESS", "out of range"]),
     ({"TFSYNC_CROSS_GROUP": "gossip"}, ["TFSYNC_CROSS_GROUP", "stale, periodic"]),
+    ({"TFSYNC_LOCAL_STEPS": "fast"}, ["TFSYNC_LOCAL_STEPS", "'fast'", "use auto or a number of steps"]),
 ])
 def test_bad_hybrid_knobs_name_source_field_and_fix(environ, words):
     with pytest.raises(ConfigError) as raised:
@@ -213,6 +214,9 @@ SCENARIOS = {
 AUTO_STEPS = {"auto_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
                             "local_steps": "auto", "slow_worker": "1:4.0"}}
 
+FIXED_STEPS = {"periodic_local_steps_3": {"compression": "none", "staleness": 0, "cross_group": "periodic",
+                                          "local_steps": 3}}
+
 
 def check_local_steps(workers, knobs, steps, tolerance):
     """The recorded rounds: the same on every rank, unequal (the slowed group runs fewer inner
@@ -251,7 +255,7 @@ def check_local_steps(workers, knobs, steps, tolerance):
 def run_scenarios(tmp_path, scenarios, steps, **env):
     command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "hybrid_steps.py"), str(tmp_path),
                                               json.dumps(scenarios), f"--steps={steps}"])
-    run_checked(command, timeout=200, **env)
+    run_checked(command, timeout=300, **env)
     return {name: [np.load(tmp_path / f"{name}.rank{r}.npz") for r in range(4)] for name in scenarios}
 
 
@@ -297,12 +301,16 @@ def check_against_numpy(workers, knobs, steps, tolerance):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
     steps = 4
-    results = run_scenarios(tmp_path, dict(SCENARIOS, **AUTO_STEPS), steps, TFSYNC_GROUP_SIZE=2)
+    results = run_scenarios(tmp_path, dict(SCENARIOS, **AUTO_STEPS, **FIXED_STEPS), steps, TFSYNC_GROUP_SIZE=2)
     for name, knobs in AUTO_STEPS.items():
         check_local_steps(results[name], knobs, steps, tolerance=1e-6)
+    # --local_steps=3 sets the period whatever the staleness: the reference's staleness 2.
+    fixed = dict(FIXED_STEPS["periodic_local_steps_3"], staleness=2)
+    del fixed["local_steps"]
+    check_against_numpy(results["periodic_local_steps_3"], fixed, steps, tolerance=1e-6)
     size = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
     for name, knobs in SCENARIOS.items():
         workers = results[name]
@@ -339,7 +347,7 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 def test_hybrid_tf_keras_explicit_groups_stale_topk_and_outer_nesterov_equal_numpy(tmp_path):
     knobs = {"compression": "topk", "topk_ratio": 0.2, "staleness": 1, "cross_group": "stale",
              "staleness_aware_lr": False}  # late rounds count in full (Keras 3 covers the discount)
