@@ -197,15 +197,16 @@ SCENARIOS = {
     "plain": {"compression": "none", "staleness": 0, "topk_ratio": 1.0, "cross_group": "stale"},
     "topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 0, "cross_group": "stale"},
     "stale_fp16": {"compression": "fp16", "staleness": 2, "cross_group": "stale"},
-    "periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic"},
+    "periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
+                      "local_steps": 0},
     # Steps 0, 1 in lockstep, then rounds apply as they come in, at most one step late.
     "warmup_stale_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "warmup_steps": 2,
                           "cross_group": "stale"},
     "warmup_periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 2, "warmup_steps": 1,
-                             "cross_group": "periodic"},
+                             "cross_group": "periodic", "local_steps": 0},
     # DiLoCo's outer step: Nesterov momentum on the pseudo-gradient (lr 0.7, momentum 0.9).
     "periodic_nesterov_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
-                               "outer_optimizer": "nesterov"},
+                               "outer_optimizer": "nesterov", "local_steps": 0},
 }
 
 
@@ -284,12 +285,18 @@ def rounds_schedule(workers, knobs, steps):
     return schedule
 
 
+def numpy_knobs(knobs):
+    """The knobs the fixed-schedule reference takes (local_steps 0, the period staleness + 1,
+    is its schedule; the scenarios pin it, whatever hybrid's default)."""
+    assert knobs.get("local_steps", 0) == 0 or knobs.get("cross_group") != "periodic", knobs
+    return {k: v for k, v in knobs.items() if k not in ("groups", "local_steps")}
+
+
 def check_against_numpy(workers, knobs, steps, tolerance):
     groups = [list(g) for g in workers[0]["groups"]]
     x, y = reference.linear_data(steps, 4)
     want = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
-                                     schedule=rounds_schedule(workers, knobs, steps),
-                                     **{k: v for k, v in knobs.items() if k != "groups"})
+                                     schedule=rounds_schedule(workers, knobs, steps), **numpy_knobs(knobs))
     for w in workers:
         assert int(w["iterations"]) == steps
         np.testing.assert_allclose(w["kernel"], want[int(w["group"])][0], rtol=0, atol=tolerance)
@@ -308,8 +315,7 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
     for name, knobs in AUTO_STEPS.items():
         check_local_steps(results[name], knobs, steps, tolerance=1e-6)
     # --local_steps=3 sets the period whatever the staleness: the reference's staleness 2.
-    fixed = dict(FIXED_STEPS["periodic_local_steps_3"], staleness=2)
-    del fixed["local_steps"]
+    fixed = dict(FIXED_STEPS["periodic_local_steps_3"], staleness=2, local_steps=0)
     check_against_numpy(results["periodic_local_steps_3"], fixed, steps, tolerance=1e-6)
     size = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
     for name, knobs in SCENARIOS.items():
@@ -326,7 +332,7 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
                 x, y = x[:n], y[:n]
             apart = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y,
                                               [[0, 1], [2, 3]], consensus=False,
-                                              schedule=rounds_schedule(workers, knobs, steps), **knobs)
+                                              schedule=rounds_schedule(workers, knobs, steps), **numpy_knobs(knobs))
             assert np.abs(apart[0][0] - apart[1][0]).max() > 1e-4
         assert all(int(w["dense_bytes"]) == 4 * size for w in workers)
     # Top-K 1.0, no compression, staleness 0 is sync mode: the mean gradient over all ranks.
@@ -352,7 +358,7 @@ def test_hybrid_tf_keras_explicit_groups_stale_topk_and_outer_nesterov_equal_num
     knobs = {"compression": "topk", "topk_ratio": 0.2, "staleness": 1, "cross_group": "stale",
              "staleness_aware_lr": False}  # late rounds count in full (Keras 3 covers the discount)
     nesterov = {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
-                "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8}
+                "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8, "local_steps": 0}
     auto = dict(nesterov, local_steps="auto", slow_worker="1:4.0")
     results = run_scenarios(tmp_path, {"stale_topk": knobs, "periodic_nesterov": nesterov, "auto_nesterov": auto},
                             steps=4, TFSYNC_GROUPS="0,2;1,3", TF_USE_LEGACY_KERAS=1)

@@ -199,8 +199,9 @@ KNOBS: Tuple[Knob, ...] = (
          modes=("sync", "hybrid")),
     Knob("staleness", "staleness", 2, _number(int, 0, 1000),
          "Hybrid: a group may run at most this many steps ahead of the slowest group "
-         "(0: groups stay in lockstep).",
-         modes=("hybrid",)),
+         "(0: groups stay in lockstep); with local_steps=auto, the fastest group's inner steps "
+         "per round minus 1. Hybrid's shipped default: 7.",
+         modes=("hybrid",), mode_defaults=(("hybrid", 7),)),
     Knob("cross_group", "cross_group", "periodic", _registered(registry.CROSS_GROUP),
          "Hybrid: periodic (local SGD: groups average their model changes every "
          "staleness+1 steps, and their models at the end) or stale (a background exchange "
@@ -224,9 +225,9 @@ KNOBS: Tuple[Knob, ...] = (
          modes=("hybrid",)),
     Knob("local_steps", "local_steps", 0, _local_steps,
          "Hybrid, cross_group=periodic: inner steps each group runs between averages. A number "
-         "(0: staleness+1), or auto: each group as many as its measured speed allows, the "
-         "fastest staleness+1, and the average weights groups by the samples they processed "
-         "(Async Local-SGD's dynamic local updates).",
-         modes=("hybrid",)),
+         "(0: staleness+1), or auto (hybrid's default): each group as many as its measured "
+         "speed allows, the fastest staleness+1, and the average weights groups by the samples "
+         "they processed (Async Local-SGD's dynamic local updates).",
+         modes=("hybrid",), mode_defaults=(("hybrid", "auto"),)),
 )
 KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}
