@@ -57,8 +57,8 @@ from scripts.benchlib import replace_section, run_ranks  # noqa: E402
 flags.DEFINE_integer("np", 4, "Horovod ranks (groups of 2).")
 flags.DEFINE_integer("steps", 120, "Steps of each timed straggler run (c).")
 flags.DEFINE_integer("speed_steps", 40, "Steps of each timed speed run (d).")
-DEFAULT_CONFIGS = {"defaults": {}, "stale_s400": {"cross_group": "stale", "staleness": 400},
-                   "fixed_s3": {"local_steps": 0, "staleness": 3}}
+DEFAULT_CONFIGS = {"defaults": {}, "fixed": {"local_steps": 0},
+                   "stale_s400": {"cross_group": "stale", "staleness": 400, "compression": "topk"}}
 flags.DEFINE_string("configs", json.dumps(DEFAULT_CONFIGS),
                     "JSON: name -> hybrid knobs over the shipped defaults, for (c) and (d).")
 flags.DEFINE_integer("repeats", 3, "(c) and (d): rounds of sync + every configuration, in one job.")

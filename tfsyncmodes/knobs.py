@@ -188,9 +188,10 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("compression", "compression", "none", _registered(registry.COMPRESSORS),
          "Sync (under Horovod): how gradients travel in the allreduce; hybrid: how updates "
          "travel across groups. none (float32), fp16 (half the bytes), topk (the topk_ratio "
-         "largest entries as values + int32 indices, with error feedback). Default: none in "
-         "sync mode, topk in hybrid mode.",
-         modes=("sync", "hybrid"), mode_defaults=(("hybrid", "topk"),)),
+         "largest entries as values + int32 indices, with error feedback). Default: none (in "
+         "hybrid mode with its shipped local_steps=auto, a dense average every staleness+1 "
+         "fast-group steps met the straggler targets where Top-K 1 % did not).",
+         modes=("sync", "hybrid")),
     Knob("topk_ratio", "topk_ratio", 0.01, _number(float, 1e-6, 1.0),
          "Sync and hybrid: fraction of entries compression=topk sends each step.",
          modes=("sync", "hybrid")),
