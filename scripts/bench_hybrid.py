@@ -342,7 +342,12 @@ def write_report(per_rank, docs_dir, accuracy=None):
     # Every run of (c), (d) and (e) is kept (docs/bench_hybrid_runs.json), misses included.
     log_path = os.path.join(docs_dir, "bench_hybrid_runs.json")
     runs = json.load(open(log_path, encoding="utf-8")) if os.path.exists(log_path) else []
+    from tfsyncmodes import config as config_lib
+
+    shipped = config_lib.resolve({"mode": "hybrid"}, environ={}, use_flags=False)
     runs.append({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": LOAD[0],
+                 "shipped_defaults": {k: getattr(shipped, k) for k in (
+                     "cross_group", "staleness", "local_steps", "compression", "topk_ratio", "outer_optimizer")},
                  "load_after": os.getloadavg()[0], "repeats": FLAGS.repeats, "steps": FLAGS.steps,
                  "hybrid_steps": FLAGS.steps * FLAGS.hybrid_steps_factor,
                  "sync_s": [{k: round(v, 2) for k, v in r["sync_s"].items()} for r in sync_runs],

@@ -38,7 +38,7 @@ def rank_process(rank):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, extra", [("sync", []), ("hybrid", ["--group_size=1", "--local_steps=0"]),
+@pytest.mark.parametrize("mode, extra", [("sync", []), ("hybrid", ["--group_size=1"]),
                                          ("sync", ["--sync_backend=mirrored"])], ids=["horovod", "hybrid", "mirrored"])
 @pytest.mark.timeout(420)
 def test_a_rerun_after_a_lost_rank_resumes_from_the_last_completed_epoch(tmp_path, mode, extra):

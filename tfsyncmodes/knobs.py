@@ -189,8 +189,8 @@ KNOBS: Tuple[Knob, ...] = (
          "Sync (under Horovod): how gradients travel in the allreduce; hybrid: how updates "
          "travel across groups. none (float32), fp16 (half the bytes), topk (the topk_ratio "
          "largest entries as values + int32 indices, with error feedback). Default: none (in "
-         "hybrid mode with its shipped local_steps=auto, a dense average every staleness+1 "
-         "fast-group steps met the straggler targets where Top-K 1 % did not).",
+         "hybrid mode a dense average every staleness+1 steps came closest to the straggler "
+         "targets; Top-K 1 % missed them by far).",
          modes=("sync", "hybrid")),
     Knob("topk_ratio", "topk_ratio", 0.01, _number(float, 1e-6, 1.0),
          "Sync and hybrid: fraction of entries compression=topk sends each step.",
@@ -226,9 +226,9 @@ KNOBS: Tuple[Knob, ...] = (
          modes=("hybrid",)),
     Knob("local_steps", "local_steps", 0, _local_steps,
          "Hybrid, cross_group=periodic: inner steps each group runs between averages. A number "
-         "(0: staleness+1), or auto (hybrid's default): each group as many as its measured "
-         "speed allows, the fastest staleness+1, and the average weights groups by the samples "
-         "they processed (Async Local-SGD's dynamic local updates).",
-         modes=("hybrid",), mode_defaults=(("hybrid", "auto"),)),
+         "(0: staleness+1), or auto: each group as many as its measured speed allows, the "
+         "fastest staleness+1, and the average weights groups by the samples they processed "
+         "(Async Local-SGD's dynamic local updates).",
+         modes=("hybrid",)),
 )
 KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}
