@@ -231,3 +231,47 @@ def compressed_mean_training(kernel, bias, x, y, compression, ratio=0.01, error_
         mean = total.astype(np.float32) / np.float32(replicas)
         params = _unflat(_flat(params) - np.float32(lr) * mean, params)
     return params
+
+
+def local_steps_training(kernel, bias, x, y, groups, round_steps, compression="none", topk_ratio=0.01,
+                         error_feedback=True, outer_optimizer="average", outer_lr=0.0, outer_momentum=0.9,
+                         lr=LR, consensus=True, weighted=True):
+    """Periodic averaging with speed-proportional local steps (``--local_steps=auto``), replaying
+    the schedule a run recorded: in round r group g runs `round_steps[r][g]` SGD steps on its own
+    next batches (its k-th step on x[k] of its ranks), then sends w_g x (model - anchor), w_g =
+    steps_g / sum of the round's steps, through error feedback and the compressor; the weighted
+    sum is the mean change the outer optimizer applies to the anchor, and every group starts the
+    next round from it (without `weighted`, w_g = 1 / groups). Returns each group's [kernel, bias] (with `consensus`, the final mean)."""
+    start = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
+    size = _flat(start).size
+    params = [[p.copy() for p in start] for _ in groups]
+    residuals = [np.zeros(size, np.float32) for _ in groups]
+    anchor, velocity, lr = _flat(start), np.zeros(size, np.float32), np.float32(lr)
+    position = [0 for _ in groups]
+    for steps in round_steps:
+        for g, ranks in enumerate(groups):
+            for _ in range(int(steps[g])):
+                t = position[g]
+                grads = [_flat(mse_gradients(*[p.astype(np.float64) for p in params[g]], x[t, r], y[t, r]))
+                         for r in ranks]
+                mean = np.mean(grads, axis=0, dtype=np.float64).astype(np.float32)
+                params[g] = _unflat(_flat(params[g]) - lr * mean, start)
+                position[g] += 1
+        total = np.float32(np.sum(steps))
+        weights = [np.float32(steps[g]) / total if weighted else np.float32(1.0 / len(groups))
+                   for g in range(len(groups))]
+        weighted_changes = [(weights[g] * (_flat(params[g]) - anchor)).astype(np.float32) for g in range(len(groups))]
+        sent, others = _cross_group_send(weighted_changes, residuals, compression, topk_ratio, error_feedback)
+        mean_change = (sent[0] + others[0]).astype(np.float32)
+        if outer_optimizer == "nesterov":
+            lr_out, pseudo = np.float32(outer_lr or 0.7), -mean_change
+            velocity = (np.float32(outer_momentum) * velocity + pseudo).astype(np.float32)
+            anchor = (anchor - lr_out * (pseudo + np.float32(outer_momentum) * velocity)).astype(np.float32)
+        else:
+            anchor = (anchor + np.float32(outer_lr or 1.0) * mean_change).astype(np.float32)
+        params = [_unflat(anchor, start) for _ in groups]
+    if not consensus or len(groups) == 1:
+        return params, position
+    ranks = [_flat(params[g]) for g, group in enumerate(groups) for _ in group]
+    mean = _unflat(np.sum(ranks, axis=0, dtype=np.float32) / np.float32(len(ranks)), start)
+    return [mean for _ in groups], position

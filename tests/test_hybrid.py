@@ -157,6 +157,7 @@ def test_groups_that_do_not_fit_the_world(knobs, world, words):
     ({"TFSYNC_STALENESS": "-1"}, ["TFSYNC_STALENESS", "out of range"]),
     ({"TFSYNC_CROSS_GROUP": "gossip"}, ["TFSYNC_CROSS_GROUP", "stale, periodic"]),
     ({"TFSYNC_ELASTIC_ALPHA": "1.5"}, ["TFSYNC_ELASTIC_ALPHA", "out of range", "[0.0, 1.0]"]),
+    ({"TFSYNC_LOCAL_STEPS": "fast"}, ["TFSYNC_LOCAL_STEPS", "'fast'", "use auto or a number of steps"]),
 ])
 def test_bad_hybrid_knobs_name_source_field_and_fix(environ, words):
     with pytest.raises(ConfigError) as raised:
@@ -213,15 +214,16 @@ SCENARIOS = {
     "plain": {"compression": "none", "staleness": 0, "topk_ratio": 1.0, "cross_group": "stale"},
     "topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 0, "cross_group": "stale"},
     "stale_fp16": {"compression": "fp16", "staleness": 2, "cross_group": "stale"},
-    "periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic"},
+    "periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
+                      "local_steps": 0},
     # Steps 0, 1 in lockstep, then rounds apply as they come in, at most one step late.
     "warmup_stale_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "warmup_steps": 2,
                           "cross_group": "stale"},
     "warmup_periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 2, "warmup_steps": 1,
-                             "cross_group": "periodic"},
+                             "cross_group": "periodic", "local_steps": 0},
     # DiLoCo's outer step: Nesterov momentum on the pseudo-gradient (lr 0.7, momentum 0.9).
     "periodic_nesterov_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
-                               "outer_optimizer": "nesterov"},
+                               "outer_optimizer": "nesterov", "local_steps": 0},
 }
 # The same as periodic_topk written two other ways: the outer step `average` with outer lr 1.0,
 # and EASGD with alpha = 1 / groups (the center becomes the mean, every group lands on it).
@@ -236,6 +238,49 @@ ELASTIC = {  # EASGD: the paper's default alpha (0.9 / 2 groups) dense; alpha 0.
                      "cross_group": "elastic", "elastic_alpha": 0.3},
 }
 KERAS3 = {**SCENARIOS, **AS_PERIODIC, **ELASTIC}  # one job runs them all
+
+
+# --local_steps=auto with rank 1 slowed 4x: its group runs fewer inner steps per round than
+# the other (the run records the rounds; the reference replays them).
+AUTO_STEPS = {"auto_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
+                            "local_steps": "auto", "slow_worker": "1:4.0"}}
+
+FIXED_STEPS = {"periodic_local_steps_3": {"compression": "none", "staleness": 0, "cross_group": "periodic",
+                                          "local_steps": 3}}
+
+
+def check_local_steps(workers, knobs, steps, tolerance):
+    """The recorded rounds: the same on every rank, unequal (the slowed group runs fewer inner
+    steps), each group's steps in the epoch, and the weights against NumPy's replay of them."""
+    groups = [list(g) for g in workers[0]["groups"]]
+    rounds = workers[0]["round_steps"]
+    for w in workers:
+        np.testing.assert_array_equal(w["round_steps"], rounds)
+    slow = [g for g, ranks in enumerate(groups) if 1 in ranks][0]
+    assert rounds.shape[1] == 2 and rounds.min() >= 1, rounds
+    assert rounds[:, 1 - slow].sum() == steps, rounds  # the fast group ran the whole epoch
+    assert any(r[slow] < r[1 - slow] for r in rounds), rounds  # ... and more steps per round
+    assert rounds.max() <= knobs["staleness"] + 1
+    for w in workers:  # every rank ran its group's steps, no more
+        assert int(w["iterations"]) == rounds[:, int(w["group"])].sum()
+        logged = json.loads(str(w["local_steps"]))
+        assert logged["local_steps_rounds"] == len(rounds)
+        for g in range(2):
+            assert logged[f"local_steps_group{g}"] == pytest.approx(rounds[:, g].mean())
+    x, y = reference.linear_data(steps, 4)
+    options = {k: v for k, v in knobs.items()
+               if k in ("compression", "topk_ratio", "error_feedback", "outer_optimizer", "outer_lr", "outer_momentum")}
+    want, used = reference.local_steps_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
+                                                rounds, **options)
+    assert used == [int(rounds[:, g].sum()) for g in range(2)]
+    for w in workers:
+        np.testing.assert_allclose(w["kernel"], want[int(w["group"])][0], rtol=0, atol=tolerance)
+        np.testing.assert_allclose(w["bias"], want[int(w["group"])][1], rtol=0, atol=tolerance)
+        np.testing.assert_array_equal(w["kernel"], workers[0]["kernel"])
+    # Weighting matters: the plain mean of the groups' changes over the same rounds is another model.
+    unweighted, _ = reference.local_steps_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
+                                                   rounds, weighted=False, **options)
+    assert np.abs(unweighted[0][0] - want[0][0]).max() > 1e-4
 
 
 def run_scenarios(tmp_path, scenarios, steps, **env):
@@ -270,12 +315,18 @@ def rounds_schedule(workers, knobs, steps):
     return schedule
 
 
+def numpy_knobs(knobs):
+    """The knobs the fixed-schedule reference takes (local_steps 0, the period staleness + 1,
+    is its schedule; the scenarios pin it, whatever hybrid's default)."""
+    assert knobs.get("local_steps", 0) == 0 or knobs.get("cross_group") != "periodic", knobs
+    return {k: v for k, v in knobs.items() if k not in ("groups", "local_steps")}
+
+
 def check_against_numpy(workers, knobs, steps, tolerance):
     groups = [list(g) for g in workers[0]["groups"]]
     x, y = reference.linear_data(steps, 4)
     want = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
-                                     schedule=rounds_schedule(workers, knobs, steps),
-                                     **{k: v for k, v in knobs.items() if k != "groups"})
+                                     schedule=rounds_schedule(workers, knobs, steps), **numpy_knobs(knobs))
     for w in workers:
         assert int(w["iterations"]) == steps
         np.testing.assert_allclose(w["kernel"], want[int(w["group"])][0], rtol=0, atol=tolerance)
@@ -287,10 +338,15 @@ def check_against_numpy(workers, knobs, steps, tolerance):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(480)
 def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
     steps = 4
-    results = run_scenarios(tmp_path, KERAS3, steps, TFSYNC_GROUP_SIZE=2)
+    results = run_scenarios(tmp_path, dict(KERAS3, **AUTO_STEPS, **FIXED_STEPS), steps, TFSYNC_GROUP_SIZE=2)
+    for name, knobs in AUTO_STEPS.items():
+        check_local_steps(results[name], knobs, steps, tolerance=1e-6)
+    # --local_steps=3 sets the period whatever the staleness: the reference's staleness 2.
+    fixed = dict(FIXED_STEPS["periodic_local_steps_3"], staleness=2, local_steps=0)
+    check_against_numpy(results["periodic_local_steps_3"], fixed, steps, tolerance=1e-6)
     size = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
     for name, knobs in KERAS3.items():
         workers = results[name]
@@ -306,7 +362,7 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
                 x, y = x[:n], y[:n]
             apart = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y,
                                               [[0, 1], [2, 3]], consensus=False,
-                                              schedule=rounds_schedule(workers, knobs, steps), **knobs)
+                                              schedule=rounds_schedule(workers, knobs, steps), **numpy_knobs(knobs))
             assert np.abs(apart[0][0] - apart[1][0]).max() > 1e-4
         assert all(int(w["dense_bytes"]) == 4 * size for w in workers)
     # Top-K 1.0, no compression, staleness 0 is sync mode: the mean gradient over all ranks.
@@ -349,16 +405,20 @@ def check_as_periodic_and_elastic(results, periodic, steps):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(330)
+@pytest.mark.timeout(420)
 def test_hybrid_tf_keras_explicit_groups_stale_topk_and_outer_nesterov_equal_numpy(tmp_path):
     knobs = {"compression": "topk", "topk_ratio": 0.2, "staleness": 1, "cross_group": "stale",
              "staleness_aware_lr": False}  # late rounds count in full (Keras 3 covers the discount)
     nesterov = {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
-                "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8}
-    # Also under tf_keras: plain periodic and its two special cases, and elastic averaging.
+                "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8, "local_steps": 0}
+    auto = dict(nesterov, local_steps="auto", slow_worker="1:4.0")
+    # Also under tf_keras: plain periodic and its two special cases, elastic averaging, and
+    # --local_steps=auto with unequal groups.
     scenarios = {"stale_topk": knobs, "periodic_nesterov": nesterov, "periodic_topk": SCENARIOS["periodic_topk"],
                  **AS_PERIODIC, **ELASTIC}
-    results = run_scenarios(tmp_path, scenarios, steps=4, TFSYNC_GROUPS="0,2;1,3", TF_USE_LEGACY_KERAS=1)
+    results = run_scenarios(tmp_path, dict(scenarios, auto_nesterov=auto), steps=4, TFSYNC_GROUPS="0,2;1,3",
+                            TF_USE_LEGACY_KERAS=1)
+    check_local_steps(results["auto_nesterov"], auto, steps=4, tolerance=1e-6)
     for name, scenario in scenarios.items():
         workers = results[name]
         assert str(workers[0]["optimizer_class"]) == "SyncSGD"

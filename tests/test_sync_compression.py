@@ -56,10 +56,10 @@ def test_tf_distribute_backends_refuse_compression(backend):
     assert f"with the {backend} backend" in str(raised.value) and "horovodrun" in str(raised.value)
 
 
-def test_compression_defaults_to_none_in_sync_and_topk_in_hybrid():
+def test_compression_defaults_to_none_in_sync_and_hybrid():
     import tfsyncmodes
 
     assert tfsyncmodes.resolve({"mode": "sync"}, environ={}, use_flags=False).compression == "none"
-    assert tfsyncmodes.resolve({"mode": "hybrid"}, environ={}, use_flags=False).compression == "topk"
-    given = tfsyncmodes.resolve({"mode": "hybrid"}, environ={"TFSYNC_COMPRESSION": "none"}, use_flags=False)
-    assert given.compression == "none" and given.sources["compression"] == "environment"
+    assert tfsyncmodes.resolve({"mode": "hybrid"}, environ={}, use_flags=False).compression == "none"
+    given = tfsyncmodes.resolve({"mode": "hybrid"}, environ={"TFSYNC_COMPRESSION": "topk"}, use_flags=False)
+    assert given.compression == "topk" and given.sources["compression"] == "environment"

@@ -10,6 +10,7 @@ so equal results prove the initial broadcast. Saves OUTDIR/<scenario>.rank<R>.np
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -34,9 +35,22 @@ def main(argv):
     from tfsyncmodes import config as config_lib
     from tfsyncmodes.exchange.policies import CrossGroupPolicy
     from tfsyncmodes.keras.compat import keras
+    from tfsyncmodes.testing.faults import slow_worker_factor
 
     def links(optimizer):
         return [p.link for p in optimizer.exchange.find(CrossGroupPolicy)]
+
+    class SleepAfterStep(keras.callbacks.Callback):
+        """A scenario's straggler: sleeps a fixed time after every step (FACTOR / 4 seconds for
+        --slow_worker=INDEX:FACTOR), far above a step of this model on a loaded host, from the
+        first step on."""
+
+        def __init__(self, factor):
+            super().__init__()
+            self.seconds = factor / 4.0
+
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(self.seconds)
 
     class RoundsApplied(keras.callbacks.Callback):
         """After each step: how many background cross-group rounds this rank has applied."""
@@ -71,9 +85,16 @@ def main(argv):
                      else keras.optimizers.Adam(reference.LR))
             model.compile(optimizer=tfsyncmodes.wrap(inner, config=knobs), loss="mse", jit_compile=False)
         rounds = RoundsApplied()
+        # A scenario's own straggler (--slow_worker among its knobs), after the required callbacks.
+        factor = slow_worker_factor(knobs, rank)
+        slow = [SleepAfterStep(factor)] if factor > 1.0 and not base.slow_worker else []
         history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0,
-                               callbacks=[rounds])
+                               callbacks=[rounds] + slow)
         found = links(model.optimizer)
+        policy = model.optimizer.exchange.find(CrossGroupPolicy)
+        recorded = getattr(policy[0], "recorded_rounds", None) if policy else None
+        round_steps = recorded() if recorded else np.zeros((0, 0), np.int64)
+        local_steps = {k: v[-1] for k, v in history.history.items() if k.startswith("local_steps")}
         final = model.get_weights()
         center = [np.asarray(v) for v in model.optimizer.variables
                   if "elastic_center" in (getattr(v, "path", None) or v.name)]  # elastic's state
@@ -88,6 +109,7 @@ def main(argv):
                  lag=history.history.get("cross_group_lag", [-1.0])[-1],
                  optimizer_class=type(model.optimizer).__name__, groups_knob=base.groups,
                  center=center[0] if center else np.zeros(0, np.float32),
+                 round_steps=round_steps, local_steps=json.dumps(local_steps),
                  description=strategy.describe())
 
 

@@ -43,6 +43,19 @@ class CrossGroupPolicy(Part):
     def flush(self):
         self.link.transport.flush()
 
+    def begin_epoch(self, steps) -> None:
+        """Keras calls this at each epoch's start with its number of steps (None: unknown)."""
+        del steps
+
+    def ends_epoch(self) -> bool:
+        """After a step: whether this group must end the epoch here (before its last step),
+        because the groups agreed that the epoch ends at this round."""
+        return False
+
+    def epoch_logs(self) -> dict:
+        """Values for the epoch's logs (and History), read at the epoch's end."""
+        return {}
+
     def finish(self, variables) -> None:
         """The end of training, on every rank after flush(): every rank takes the mean of the
         groups' models, so that training ends with one model. One dense allreduce of the
@@ -84,11 +97,20 @@ class PeriodicAverage(CrossGroupPolicy):
     average how far their models moved since the last average (the *pseudo-gradient*), sent
     through the compressor with error feedback, and :meth:`outer_update` applies that mean
     change to the anchor with the ``--outer_optimizer``. Groups are at most period - 1 updates
-    apart between averages."""
+    apart between averages. ``--local_steps=N`` sets the period to N; ``--local_steps=auto``
+    builds :class:`~tfsyncmodes.exchange.local_steps.SpeedProportionalAverage` instead."""
+
+    def __new__(cls, config, link):
+        if cls is PeriodicAverage and getattr(config, "local_steps", 0) == "auto":
+            from tfsyncmodes.exchange.local_steps import SpeedProportionalAverage
+
+            cls = SpeedProportionalAverage
+        return super().__new__(cls)
 
     def __init__(self, config, link):
         super().__init__(config, link)
-        self.period = config.staleness + 1
+        fixed = getattr(config, "local_steps", 0)
+        self.period = fixed if isinstance(fixed, int) and fixed > 0 else config.staleness + 1
         self.warmup_steps = config.warmup_steps
         self.outer = OUTER_OPTIMIZERS.get(config.outer_optimizer)(config)
         self.anchor = self.step = None

@@ -79,7 +79,43 @@ class DrainExchange(keras.callbacks.Callback):
     Callbacks that act at an epoch's end (``ModelCheckpoint``) see the group's own model, not
     the mean; the final model is the mean. With ``cross_group=stale``, rounds that came in but
     were not applied yet (at most `staleness` per group) are not in the mean: a later
-    ``fit()`` applies them at its first step."""
+    ``fit()`` applies them at its first step.
+
+    Around the epochs it tells the cross-group policies each epoch's number of steps, ends an
+    epoch early where the groups agreed it ends (``--local_steps=auto``: the epoch ends at the
+    round where the first group has run all its steps), and adds the policies' epoch logs
+    (``local_steps_group<g>``: inner steps group g ran per round, ``local_steps_rounds``)."""
+
+    def __init__(self):
+        super().__init__()
+        self._stopped = False
+        self._found = None
+
+    def _policies(self):
+        exchange = getattr(getattr(self.model, "optimizer", None), "exchange", None)
+        return [] if exchange is None else exchange.find(CrossGroupPolicy)
+
+    def on_train_begin(self, logs=None):
+        self._found = self._policies()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._stopped = False
+        steps = (self.params or {}).get("steps")
+        for policy in self._found or []:
+            policy.begin_epoch(steps)
+
+    def on_train_batch_end(self, batch, logs=None):
+        steps = (self.params or {}).get("steps")
+        for policy in self._found or []:
+            if policy.ends_epoch() and steps and batch + 1 < steps:
+                self.model.stop_training = self._stopped = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        for policy in self._found or []:
+            if logs is not None:
+                logs.update(policy.epoch_logs())
+        if self._stopped:  # this epoch ended early; training goes on
+            self.model.stop_training = self._stopped = False
 
     def on_train_end(self, logs=None):
         finish = getattr(getattr(self.model, "optimizer", None), "finish_exchange", None)

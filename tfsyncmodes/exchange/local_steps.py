@@ -1,0 +1,194 @@
+"""``--local_steps=auto``: each group runs as many inner steps per round as its speed allows.
+
+Dynamic local updates (DyLU) from Async Local-SGD (Liu et al., 2024, "Asynchronous Local-SGD
+Training for Language Modeling", arXiv 2401.09135): a worker's number of local steps is
+proportional to its measured speed, ``H_g = H * v_g / max_i v_i``, so that every worker
+finishes its round at about the same time and the fast ones do not wait for the slow ones.
+The paper applies each worker's pseudo-gradient as soon as it arrives; under Horovod every
+group must reach each round's collective together, so here the rounds stay synchronous and
+the *plan* adapts: at each round every rank allgathers (group, step time, steps since the last
+round, steps left in the epoch), and every rank derives the same next plan from those numbers
+(the collectives of the next round match on every rank by construction).
+
+- The fastest group runs ``H = staleness + 1`` inner steps per round, group g
+  ``round(H * t_fastest / t_g)`` (at least 1; rounded to the nearest rather than floored as in
+  the paper, so that timing noise between equal groups does not cost a step). ``t_g`` is an
+  exponential moving average of the wall time between a group's consecutive updates (the
+  slowest rank of the group), measured in the step with ``tf.timestamp`` and excluding the
+  wait at the round itself.
+- The outer average weights each group's pseudo-gradient by the samples it processed since
+  the last round (its inner steps; per-rank batches are equal): each group sends
+  ``w_g * (model - anchor)`` with ``w_g = steps_g / sum(steps)`` through the compressor and
+  error feedback, and the weighted sum is the mean change the ``--outer_optimizer`` applies.
+- Groups stay within one round of each other (every round is a collective). An epoch ends at
+  the round where the first group has run all of its steps; the other groups end that epoch
+  there too (:meth:`ends_epoch`, acted on by the ``DrainExchange`` callback), so that every
+  group reaches the epoch's end, and the end of training, after the same rounds. A fast
+  group therefore processes more samples per epoch than a slow one. Without a known number
+  of steps per epoch every group runs ``H`` steps per round (the fixed schedule).
+
+State: the plan, the steps since the last round, the round count and each group's total
+inner steps are optimizer state (``state`` factory); the step-time measurements and the
+record of the last rounds (:attr:`round_log`, for logs and tests) belong to this process.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tfsyncmodes.exchange.flat import flatten_variables
+from tfsyncmodes.exchange.policies import PeriodicAverage
+
+ROUND_LOG = 4096  # rounds whose step counts round_log keeps (a ring)
+NEWEST = 0.3  # weight of the newest step time in the moving average
+
+
+class SpeedProportionalAverage(PeriodicAverage):
+    """Periodic averaging with speed-proportional local steps (``--local_steps=auto``)."""
+
+    def __init__(self, config, link):
+        super().__init__(config, link)
+        self.h_max = config.staleness + 1
+        self.plan = self.since = self.rounds = self.totals = None
+        self.round_log = None
+        self._step_time = self._last_end = self._epoch_steps = self._epoch_step = self._epoch_over = None
+        self._pending_steps = -1
+        self._epoch_start = None
+
+    @property
+    def own(self) -> int:
+        """This rank's group index."""
+        return self.link.transport.communicator.own
+
+    def build(self, variables, state):
+        super().build(variables, state)
+        groups = self.num_groups
+        self.plan = state("local_steps_plan", [groups], tf.int64)  # 0: not planned yet
+        self.since = state("local_steps_since", [], tf.int64)
+        self.rounds = state("local_steps_rounds", [], tf.int64)
+        self.totals = state("local_steps_totals", [groups], tf.int64)
+        with tf.init_scope():
+            def var(value, dtype, name):
+                return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+            self._step_time = var(0.0, tf.float64, "local_steps_step_time")
+            self._last_end = var(0.0, tf.float64, "local_steps_last_end")
+            self._epoch_steps = var(self._pending_steps, tf.int64, "local_steps_epoch_steps")
+            self._epoch_step = var(0, tf.int64, "local_steps_epoch_step")
+            self._epoch_over = var(False, tf.bool, "local_steps_epoch_over")
+            self.round_log = var(tf.zeros([ROUND_LOG, groups], tf.int64), tf.int64, "local_steps_round_log")
+
+    # --- in the step -------------------------------------------------------------------------
+
+    def _planned(self) -> tf.Tensor:
+        """This group's inner steps for the round under way."""
+        h_max = tf.constant(self.h_max, tf.int64)
+        own = tf.gather(tf.convert_to_tensor(self.plan), self.own)
+        epoch = tf.convert_to_tensor(self._epoch_steps)
+        first = tf.where(epoch > 0, tf.minimum(h_max, epoch), h_max)
+        return tf.where(own > 0, own, first)
+
+    def after_update(self, variables):
+        if not self.link.active:
+            return
+        step = self.step.assign_add(1)
+        with tf.control_dependencies([step]):
+            now = tf.timestamp()
+        last = self._last_end.read_value()
+        old = self._step_time.read_value()
+        newest = tf.where(old > 0, (1.0 - NEWEST) * old + NEWEST * (now - last), now - last)
+        measured = self._step_time.assign(tf.where(last > 0, newest, old))
+        since = self.since.assign_add(1)
+        in_epoch = self._epoch_step.assign_add(1)
+        due = tf.logical_or(since >= self._planned(), step <= self.warmup_steps)
+
+        def average():
+            with tf.control_dependencies([measured, in_epoch]):
+                self._round(variables, since, in_epoch)
+            return tf.constant(True)
+
+        def skip():
+            self.link.idle()
+            return tf.constant(False)
+
+        done = tf.cond(due, average, skip)
+        with tf.control_dependencies([done]):
+            self._last_end.assign(tf.timestamp())
+
+    def _round(self, variables, since, in_epoch):
+        import horovod.tensorflow as hvd
+
+        groups, f64 = self.num_groups, tf.float64
+        epoch = tf.convert_to_tensor(self._epoch_steps)
+        left = tf.where(epoch > 0, epoch - in_epoch, tf.constant(-1, tf.int64))
+        info = tf.stack([tf.constant(float(self.own), f64), tf.convert_to_tensor(self._step_time),
+                         tf.cast(since, f64), tf.cast(left, f64), tf.cast(epoch, f64)])
+        every = hvd.allgather(info[None], name="tfsync.local_steps.info", process_set=hvd.global_process_set)
+        group = tf.cast(every[:, 0], tf.int32)
+        step_time = tf.math.unsorted_segment_max(every[:, 1], group, groups)  # a group's slowest rank
+        steps = tf.cast(tf.math.unsorted_segment_max(every[:, 2], group, groups), tf.int64)
+        left = tf.cast(tf.math.unsorted_segment_min(every[:, 3], group, groups), tf.int64)
+        epoch = tf.cast(tf.reduce_min(every[:, 4]), tf.int64)
+
+        # The outer average, each group weighted by the samples it processed since the last one.
+        weights = tf.cast(steps, tf.float32) / tf.cast(tf.reduce_sum(steps), tf.float32)
+        change = flatten_variables(variables) - tf.convert_to_tensor(self.anchor)
+        payload = self.link.send(weights[self.own] * change)
+        self.outer_update(variables, self.link.sent(payload) + self.link.exchange(payload))
+
+        # The next round's plan: proportional to speed, clipped to the steps each group has left.
+        h_max = tf.constant(self.h_max, tf.int64)
+        fastest = tf.reduce_min(step_time)
+        proportional = tf.cast(tf.round(self.h_max * fastest / tf.maximum(step_time, 1e-12)), tf.int64)
+        speed = tf.where(fastest > 0, tf.clip_by_value(proportional, 1, h_max), tf.fill([groups], h_max))
+        known = tf.reduce_all(left >= 0)
+        over = tf.logical_and(known, tf.reduce_any(left <= 0))
+        bound = tf.where(over, tf.fill([groups], epoch), left)
+        plan = tf.where(known, tf.minimum(speed, tf.maximum(bound, 1)), tf.fill([groups], h_max))
+        count = self.rounds.assign_add(1)
+        return tf.group(
+            self.totals.assign_add(steps), self.round_log[(count - 1) % ROUND_LOG].assign(steps),
+            self.plan.assign(plan), self.since.assign(0), self._epoch_over.assign(over))
+
+    # --- around the epochs (the DrainExchange callback) --------------------------------------
+
+    def begin_epoch(self, steps: Optional[int]) -> None:
+        self._pending_steps = int(steps) if steps else -1
+        if self._epoch_steps is None:  # not built yet: build() takes the pending value
+            return
+        self._epoch_steps.assign(self._pending_steps)
+        self._epoch_step.assign(0)
+        self._epoch_over.assign(False)
+        self._last_end.assign(0.0)  # the time between epochs is no step's
+        self._epoch_start = (self.totals.numpy().copy(), int(self.rounds.numpy()))
+
+    def ends_epoch(self) -> bool:
+        if self._epoch_over is None or not self.link.active or not bool(self._epoch_over.numpy()):
+            return False
+        self._epoch_over.assign(False)
+        return True
+
+    def epoch_logs(self) -> dict:
+        """``local_steps_group<g>``: the mean inner steps group g ran per round this epoch;
+        ``local_steps_rounds``: the rounds of the epoch."""
+        if self.totals is None or not self.link.active:
+            return {}
+        totals, rounds = self.totals.numpy(), int(self.rounds.numpy())
+        start_totals, start_rounds = self._epoch_start or (np.zeros_like(totals), 0)
+        done = rounds - start_rounds
+        logs = {"local_steps_rounds": float(done)}
+        for g in range(self.num_groups):
+            logs[f"local_steps_group{g}"] = float(totals[g] - start_totals[g]) / done if done else 0.0
+        return logs
+
+    def recorded_rounds(self) -> np.ndarray:
+        """[rounds, groups]: the inner steps each group ran in each round so far (at most the
+        last ROUND_LOG rounds)."""
+        rounds = int(self.rounds.numpy())
+        log = self.round_log.numpy()
+        if rounds <= ROUND_LOG:
+            return log[:rounds]
+        start = rounds % ROUND_LOG
+        return np.concatenate([log[start:], log[:start]])
