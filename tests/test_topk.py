@@ -42,7 +42,7 @@ def check_exact(implementation, flat, ratio, graph=False):
     return got
 
 
-def native_sample_positions(size, sample_size=16384, run=64):
+def native_sample_positions(size, sample_size=8192, run=64):
     """Where the compiled selection samples its threshold (runs of 64 evenly spaced)."""
     runs = sample_size // run
     gap = size // runs
@@ -68,7 +68,8 @@ def test_the_compiled_kernels_are_built_and_auto_takes_them():
 @pytest.mark.parametrize("size, ratio", [
     (18, 0.25),            # tiny: every entry is a candidate
     (1000, 0.01),
-    (60_000, 0.01),        # below the sampling size: every entry is a candidate
+    (30_000, 0.01),        # below either sampling size: every entry is a candidate
+    (60_000, 0.01),        # sampled in native, every entry a candidate in ops
     (300_000, 0.01),       # the sampled threshold
     (300_000, 0.001),
     (300_000, 0.2),        # 8 k > n: every entry is a candidate
@@ -87,10 +88,10 @@ def test_a_misleading_sample_retries_wider_then_falls_back_exactly(implementatio
     size, ratio = 300_000, 0.01
     rng = np.random.default_rng(5)
     sampled = SAMPLES[implementation](size)
-    # 400 huge sampled entries: the first threshold keeps 400 < k entries, the 4x wider one
-    # lands among the ordinary entries and keeps enough.
+    # 150 huge sampled entries: the first threshold keeps fewer than k entries, the 4x wider
+    # one lands among the ordinary entries and keeps enough.
     retry = rng.standard_normal(size).astype(np.float32)
-    retry[sampled[:400]] = 1000.0
+    retry[sampled[:150]] = 1000.0
     check_exact(implementation, retry, ratio)
     # Every sampled entry huge: both thresholds keep only sampled entries (fewer than k), so
     # the selection runs over all entries.
