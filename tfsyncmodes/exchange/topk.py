@@ -6,9 +6,10 @@ towards the lower index, as a stable sort by decreasing magnitude and as ``tf.ma
 ``native``
     Two small CPU kernels (``native/topk_ops.cc``) that ``scripts/install.sh`` compiles
     against the installed TensorFlow into ``native/_topk_ops.so``: the selection in one pass
-    over the update (on the CPU device's threads) plus an ``nth_element`` among about 1.3 k
-    candidates, and a decompression that writes zeros and adds the k entries. Indices come
-    out in increasing order.
+    over the update (SSE2 comparisons of 16 entries into a bit mask) that keeps the entries
+    above a sampled threshold, ``nth_element`` among those ~1.3 k candidates for the exact k-th,
+    and a decompression that writes zeros and adds the k entries. Indices come out in
+    increasing order.
 ``ops``
     TensorFlow ops only, used when the library is not built (a plain ``pip install``): Deep
     Gradient Compression's sampled threshold (Lin et al., ICLR 2018, section 3: estimate the
