@@ -391,12 +391,22 @@ def compression_report(per_rank, sync_step, docs_dir) -> dict:
 
 COMPRESSION_NOTES = (
     "`native` is the compiled pair of kernels `scripts/install.sh` builds (tfsyncmodes/exchange/native); "
-    "`ops` is the TensorFlow-ops path used without them (as before). Both select the exact Top-K. The update "
-    "is a Gaussian vector: the sampled threshold's good case (a sample that misleads costs a second pass, "
-    "then a pass over every entry, in both; in `ops` the last is a full top_k of several dense steps). The "
-    "dense step is one `train_on_batch` call, Keras' per-call overhead included; the Top-K rows also pay "
-    "one tf.function call each. 'All ranks at once' has every rank compress together (cores shared) "
-    "against sync mode's step. The machine is shared: rounds differ, so the range is given.")
+    "`ops` is the TensorFlow-ops path used without them (as before). Both select the exact Top-K. Where the "
+    "time goes: in `ops`, five steps of similar cost (abs and comparison over every entry, tf.where over the "
+    "mask, top_k among the candidates, the sample's top_k, the decompression's dense output), each its own "
+    "pass over memory; `native` fuses the selection into one pass over the update (about 0.3 ms of its "
+    "select row, timed inside the kernel in a separate run, the rest being the sample's and the candidates' nth_element, about "
+    "0.1 ms, and the call) and the decompression into one write of zeros. Levers measured and not taken: "
+    "chunked top_k over [n / 4096, 4096] rows (a row per thread) costs a whole dense step, ten times the "
+    "exact selection, and is not exact; scatter_nd decompresses no faster than the segment sum; a threshold "
+    "reused across calls (Ok-Topk) would save only the sample (under 0.05 ms in `native`). The update is a "
+    "Gaussian vector: the sampled threshold's good case (a sample that misleads costs a second pass, then a "
+    "pass over every entry, in both; in `ops` the last is a full top_k of several dense steps). The dense "
+    "step is one `train_on_batch` call, Keras' per-call overhead included; the Top-K rows also pay one "
+    "tf.function call each (first stage row). With error feedback the residual update decompresses again and "
+    "subtracts densely (memory.py), which is why that column is about twice the plain one. 'All ranks at "
+    "once' has every rank compress together (cores shared) against sync mode's step. The machine is shared: "
+    "rounds differ, so the range is given.")
 
 
 def write_report(per_rank, docs_dir):
