@@ -8,9 +8,10 @@
 //   pattern lies above infinity's) ranks as the largest magnitude instead of breaking the sort.
 //   Selection as in Deep Gradient Compression (Lin et al., ICLR 2018): a threshold from a
 //   sample spread evenly over the input, set to keep about 1.3 k entries; one pass over the
-//   input keeps the entries at or above it; nth_element finds the exact k-th among them. If the threshold kept
-//   fewer than k entries, the pass runs again with a threshold that keeps four times as many
-//   sampled entries and finally with none (every entry is a candidate): always exact.
+//   input keeps the entries at or above it; nth_element finds the exact k-th among them. If
+//   the threshold kept fewer than k entries, the pass runs again with a threshold that keeps
+//   four times as many sampled entries and finally with none (every entry is a candidate):
+//   always exact.
 // TfsyncScatterDense(values: float[m], indices: int32[m], size) -> float[size]
 //   Zeros with values[i] added at indices[i] (entries sharing an index add up); an index
 //   outside [0, size) is an InvalidArgument error.
