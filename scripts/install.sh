@@ -39,8 +39,11 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 # A run that completed records what it installed; the same inputs again need no pip at all.
 stamp="$venv/.tfsyncmodes-install"
-inputs=$( (cat "$repo/setup.py" "$repo/pyproject.toml" "${BASH_SOURCE[0]}"; echo "$flavour") | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && "$venv/bin/python" -c 'import horovod.tensorflow, tfsyncmodes' >/dev/null 2>&1; then
+topk_src="$repo/tfsyncmodes/exchange/native/topk_ops.cc"
+topk_lib="$repo/tfsyncmodes/exchange/native/_topk_ops.so"
+inputs=$( (cat "$repo/setup.py" "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$topk_src"; echo "$flavour") | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && [ -f "$topk_lib" ] \
+    && "$venv/bin/python" -c 'import horovod.tensorflow, tfsyncmodes' >/dev/null 2>&1; then
   say "already installed in ${venv#$repo/} (delete $stamp to force a reinstall)"
   exit 0
 fi
@@ -121,5 +124,23 @@ for attempt in 1 2 3; do
   fi
   [ "$attempt" = 3 ] && die "horovodrun --check-build does not show TensorFlow and Gloo"
 done
+# The Top-K compressor's kernels (tfsyncmodes/exchange/topk.py), compiled against this
+# TensorFlow like Horovod; without them the compressor uses TensorFlow ops (same result, slower).
+build_topk_ops() {
+  local flags
+  flags=$("$venv/bin/python" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))' 2>/dev/null) || return 1
+  # shellcheck disable=SC2086  # the flags are separate words
+  if ! "${CXX:-g++}" -O3 -shared -fPIC -w -o "$topk_lib.tmp" "$topk_src" $flags 2>"$venv/topk_ops.log"; then
+    tail -n 20 "$venv/topk_ops.log" >&2
+    return 1
+  fi
+  mv "$topk_lib.tmp" "$topk_lib" \
+    && "$venv/bin/python" -c 'from tfsyncmodes.exchange.topk import TopK; TopK("native")' >/dev/null 2>&1
+}
+say "compiling the Top-K kernels (tfsyncmodes/exchange/native)"
+if ! build_topk_ops; then
+  rm -f "$topk_lib" "$topk_lib.tmp"
+  say "WARNING: the Top-K kernels did not build; compression=topk uses TensorFlow ops (slower)"
+fi
 echo "$inputs" >"$stamp"
 say "done: activate with 'source ${venv#$repo/}/bin/activate'"

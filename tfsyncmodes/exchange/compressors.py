@@ -23,6 +23,7 @@ from typing import List, Sequence, Tuple
 import tensorflow as tf
 
 from tfsyncmodes.exchange.flat import TensorContext
+from tfsyncmodes.exchange.topk import TopK
 from tfsyncmodes.registry import COMPRESSORS
 
 Payload = Tuple[tf.Tensor, ...]
@@ -73,13 +74,16 @@ class FP16Compressor(Compressor):
 class TopKCompressor(Compressor):
     """The k = ceil(ratio * size) entries of largest magnitude, as float32 values and int32
     indices (int32 halves the index bytes; updates beyond 2**31 entries are refused).
-    ``--topk_ratio`` sets the ratio."""
+    ``--topk_ratio`` sets the ratio. The selection is exact (see :mod:`~tfsyncmodes.exchange.topk`
+    for its two implementations: compiled kernels when ``scripts/install.sh`` built them,
+    TensorFlow ops otherwise)."""
 
     sparse = True
     lossless = False
 
-    def __init__(self, config=None, ratio: float = None):
+    def __init__(self, config=None, ratio: float = None, implementation: str = "auto"):
         self.ratio = ratio if ratio is not None else config.topk_ratio
+        self.topk = TopK(implementation)
 
     def k(self, size: int) -> int:
         return max(1, min(size, int(math.ceil(self.ratio * size - 1e-9))))
@@ -88,47 +92,12 @@ class TopKCompressor(Compressor):
         size = ctx.size
         if size >= 2 ** 31:
             raise ValueError(f"{size} entries do not fit int32 indices")
-        indices = top_k_indices(flat, self.k(size))
-        return tf.gather(flat, indices), indices
+        return self.topk.select(flat, self.k(size))
 
     def decompress(self, payload, ctx):
-        # A segment sum: entries sharing an index add up (as with scatter_nd, but it measured
-        # about 40 % faster on CPU for a 1M-entry update).
         values, indices = payload
-        return tf.math.unsorted_segment_sum(tf.cast(values, tf.float32), indices, ctx.size)
+        return self.topk.scatter(values, indices, ctx.size)
 
     def payload_spec(self, ctx):
         k = self.k(ctx.size)
         return [(tf.float32, [k]), (tf.int32, [k])]
-
-
-CANDIDATE_MARGIN = 1.3  # candidates kept above the sampled threshold, in units of k
-
-
-def top_k_indices(flat: tf.Tensor, k: int, sample_size: int = 20000) -> tf.Tensor:
-    """int32 indices of the k entries of largest magnitude of `flat` (1-D, static size).
-
-    ``tf.math.top_k`` over millions of entries is slow on CPU. As in Deep Gradient Compression,
-    a threshold is estimated from an evenly strided sample, set to keep about 1.3 k entries;
-    the exact Top-K is then taken among the entries above it. If the estimate keeps fewer than
-    k entries (with a 20,000-entry sample, about 4 standard deviations off for k = 1 % of the
-    entries), the full ``top_k`` runs instead, so the result is always the exact Top-K.
-    Magnitudes are taken of the sample and of the candidates only, besides the one comparison
-    over every entry.
-    """
-    size = flat.shape[0]
-    if size <= 4 * sample_size or 8 * k > size:
-        return tf.math.top_k(tf.abs(flat), k, sorted=False).indices
-    sample = tf.abs(flat[::size // sample_size])
-    keep = max(1, int(math.ceil(CANDIDATE_MARGIN * k / size * int(sample.shape[0]))))
-    threshold = tf.reduce_min(tf.math.top_k(sample, keep, sorted=False).values)
-    candidates = tf.cast(tf.where(tf.abs(flat) >= threshold)[:, 0], tf.int32)
-
-    def among_candidates():
-        best = tf.math.top_k(tf.abs(tf.gather(flat, candidates)), k, sorted=False).indices
-        return tf.gather(candidates, best)
-
-    def full():
-        return tf.math.top_k(tf.abs(flat), k, sorted=False).indices
-
-    return tf.cond(tf.size(candidates) >= k, among_candidates, full)
