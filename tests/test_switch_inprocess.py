@@ -25,8 +25,12 @@ def test_a_schedule_is_a_switch_plan_with_one_config_per_mode():
     assert modes == ("sync", "hybrid") and type(plan).__name__ == "SchedulePlan"
     hybrid, sync = switching.mode_config(config, "hybrid"), switching.mode_config(config, "sync")
     # Knobs left at their default take each mode's default; knobs given stay as given.
-    assert (hybrid.mode, hybrid.compression, hybrid.topk_ratio) == ("hybrid", "topk", 0.5)
-    assert (sync.mode, sync.compression, sync.topk_ratio) == ("sync", "none", 0.5)
+    from tfsyncmodes.knobs import KNOBS_BY_KEY
+
+    staleness = KNOBS_BY_KEY["staleness"]
+    assert staleness.default_for("hybrid") != staleness.default  # a knob whose default differs
+    assert (hybrid.mode, hybrid.staleness, hybrid.topk_ratio) == ("hybrid", staleness.default_for("hybrid"), 0.5)
+    assert (sync.mode, sync.staleness, sync.topk_ratio) == ("sync", staleness.default, 0.5)
     assert switching.plan_for(resolve({}, environ={}, use_flags=False)) is None
     assert [switching.mode_code(m) for m in ("sync", "async", "hybrid")] == [0, 1, 2]
 
@@ -48,14 +52,13 @@ def test_schedules_this_process_cannot_run_are_one_clear_error(text, words):
 
 def test_a_switching_optimizer_round_trips_through_model_save(tmp_path):
     """Every mode's exchange state is optimizer state and comes back from ``model.save``, with
-    the per-mode knobs the run derived (hybrid's Top-K error feedback, though the run's
-    compression knob is sync's default)."""
+    the per-mode knobs the run derived (hybrid's Top-K error feedback)."""
     import keras
 
     import tfsyncmodes
     from tfsyncmodes.switching.exchange import SwitchableExchange
 
-    config = resolve({"mode_schedule": "sync:1,hybrid"}, environ={}, use_flags=False)
+    config = resolve({"mode_schedule": "sync:1,hybrid", "compression": "topk"}, environ={}, use_flags=False)
     model = keras.Sequential([keras.Input((reference.FEATURES,)), keras.layers.Dense(reference.OUTPUTS)])
     model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.Adam(), config=config), loss="mse")
     x, y = reference.linear_data(2, 1)
@@ -200,20 +203,19 @@ def check_switches(workers, text, knobs, optimizer_class, rounds=None, tolerance
 @pytest.mark.timeout(480)
 def test_keras3_sync_hybrid_sync_periodic_equal_numpy_and_one_state_after(tmp_path):
     text = "sync:3,hybrid:6,sync"
-    knobs = {"compression": "topk", "topk_ratio": 0.25, "staleness": 3, "cross_group": "periodic"}
-    result, runs = run_job(tmp_path, "sgd,adam", TFSYNC_MODE_SCHEDULE=text, TFSYNC_TOPK_RATIO=0.25,
-                           TFSYNC_STALENESS=3)
+    knobs = {"compression": "none", "staleness": 3, "cross_group": "periodic"}  # hybrid's defaults
+    result, runs = run_job(tmp_path, "sgd,adam", TFSYNC_MODE_SCHEDULE=text, TFSYNC_STALENESS=3)
     check_switches(runs["sgd"], text, knobs, "SyncOptimizer")
-    # bytes_sent per epoch: Top-K values + indices of each average over the epoch's hybrid steps
+    # bytes_sent per epoch: the dense float32 model change of each average over the epoch's hybrid steps
     # (0 in sync steps and epochs), one History entry per epoch.
     phases, period = schedule_lib.phases(text, EPOCHS * STEPS, STEPS), knobs["staleness"] + 1
-    k = int(np.ceil(0.25 * (reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS)))
+    size = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
     hybrid = [p for p in phases if p.mode == "hybrid"][0]
     want = []
     for e in range(EPOCHS):
         steps = [t for t in range(e * STEPS, (e + 1) * STEPS) if hybrid.start <= t < hybrid.end]
         averages = sum((t - hybrid.start + 1) % period == 0 for t in steps)
-        want.append(8.0 * k * averages / len(steps) if steps else 0.0)
+        want.append(4.0 * size * averages / len(steps) if steps else 0.0)
     for w in runs["sgd"]:
         assert json.loads(str(w["history"]))["bytes_sent"] == pytest.approx(want)
     # Adam: groups' moments differ after hybrid; the switch averages them with the weights, so
@@ -232,8 +234,8 @@ def test_keras3_sync_hybrid_sync_periodic_equal_numpy_and_one_state_after(tmp_pa
 @pytest.mark.timeout(480)
 def test_tf_keras_hybrid_sync_hybrid_stale_background_reentered_clean_equal_numpy(tmp_path):
     text = "hybrid:3,sync:2,hybrid:5,sync"
-    knobs = {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "stale"}
-    _, runs = run_job(tmp_path, "sgd", TFSYNC_MODE_SCHEDULE=text, TFSYNC_TOPK_RATIO=0.25, TFSYNC_STALENESS=1,
+    knobs = {"compression": "none", "staleness": 1, "cross_group": "stale"}
+    _, runs = run_job(tmp_path, "sgd", TFSYNC_MODE_SCHEDULE=text, TFSYNC_STALENESS=1,
                       TFSYNC_CROSS_GROUP="stale", TFSYNC_GROUPS="0,2;1,3", TF_USE_LEGACY_KERAS=1)
     workers = runs["sgd"]
     phases = schedule_lib.phases(text, EPOCHS * STEPS, STEPS)

@@ -40,6 +40,11 @@ class ModeSwitch(keras.callbacks.Callback):
         self.switches: List[Tuple[int, str, str]] = []  # (step, from, to), this process's record
         self._in_epoch = 0
         self._writer = None
+        self._traces = {}  # (mode, exchange) -> the train function traced for it, this fit()
+
+    def set_model(self, model):
+        super().set_model(model)
+        self._traces = {}  # Keras calls this at the start of every fit()
 
     # --- the switch ----------------------------------------------------------------------
     @property
@@ -72,6 +77,7 @@ class ModeSwitch(keras.callbacks.Callback):
         Returns False if the model trains in `mode` already. `reason` goes into the log line."""
         exchange = self.exchange
         previous, step = exchange.active, self.step
+        self._traces.setdefault(self._trace_key(), self.model.train_function)
         if not exchange.switch(mode):
             return False
         self._retrace()
@@ -90,15 +96,26 @@ class ModeSwitch(keras.callbacks.Callback):
         anything: for the start of training (a resumed run re-enters its phase)."""
         exchange = self.exchange
         if exchange.active != mode:
+            self._traces.setdefault(self._trace_key(), self.model.train_function)
             exchange.activate(mode)
             self._retrace()
         if self.strategy is not None and hasattr(self.strategy, "mode_switched"):
             self.strategy.mode_switched(mode)
 
+    def _trace_key(self):
+        return self.exchange.active, id(self.exchange.exchanges[self.exchange.active])
+
     def _retrace(self) -> None:
-        # Keras 3 and tf_keras both build a new train function here and call it from the next
-        # step on; the new trace runs the active exchange.
-        self.model.make_train_function(force=True)
+        # Keras 3 and tf_keras both call `model.train_function` at every step: a new trace
+        # runs the active exchange. One trace per exchange is kept for the rest of this fit(),
+        # so switching back costs no second trace (a trace takes seconds).
+        key = self._trace_key()
+        function = self._traces.get(key)
+        if function is None:
+            self.model.make_train_function(force=True)
+            self._traces[key] = self.model.train_function
+        else:
+            self.model.train_function = function
 
     # --- logs ----------------------------------------------------------------------------
     def _is_chief(self) -> bool:

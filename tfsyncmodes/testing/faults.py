@@ -9,13 +9,17 @@ count is unknown, so the whole process is throttled
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import statistics
 import time
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from tfsyncmodes.keras.compat import keras
+
+ONE_OFF = 3.0  # a step over this many times the recent median is a one-off (a trace)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +90,7 @@ class SlowWorker(keras.callbacks.Callback):
         self._started = 0.0
         self._epoch = 0
         self._steps = (0, 1 << 62)  # [first, stop) in steps; set at train begin
+        self._recent = collections.deque(maxlen=20)  # the last steps' own times
 
     def on_train_begin(self, logs=None):
         steps = (self.params or {}).get("steps") or 0
@@ -117,4 +122,8 @@ class SlowWorker(keras.callbacks.Callback):
             np.asarray(value)  # waits for the step's result: time the step, not its dispatch
             break
         elapsed = time.perf_counter() - self._started
-        time.sleep((self.factor - 1.0) * elapsed)
+        # A one-off step (a trace, a mode switch retracing) counts as a typical one: a slow
+        # machine runs its steps `factor` times slower, not its tracing.
+        typical = statistics.median(self._recent) if self._recent else elapsed
+        self._recent.append(elapsed)
+        time.sleep((self.factor - 1.0) * min(elapsed, ONE_OFF * typical))
