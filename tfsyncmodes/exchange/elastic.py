@@ -44,7 +44,7 @@ import tensorflow as tf
 
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange.flat import assign_flat, flatten_variables
-from tfsyncmodes.exchange.policies import CrossGroupPolicy
+from tfsyncmodes.exchange.policies import RoundPolicy
 from tfsyncmodes.registry import CROSS_GROUP
 
 PAPER_BETA = 0.9  # the paper's recommended moving rate of the center: alpha = beta / groups
@@ -65,56 +65,31 @@ def elastic_alpha(config, num_groups: int) -> float:
 
 
 @CROSS_GROUP.register("elastic")
-class ElasticAverage(CrossGroupPolicy):
+class ElasticAverage(RoundPolicy):
     """EASGD across groups: every `period`-th update the groups' compressed differences to the
     center move the center by alpha times their sum, then each group moves beta = G * alpha of
     the way toward the new center (see the module's docstring for the variant). The final
     model is the center."""
 
+    reference_name, step_name = "elastic_center", "elastic_step"
+
     def __init__(self, config, link):
         super().__init__(config, link)
-        self.period = config.staleness + 1
-        self.warmup_steps = config.warmup_steps
         self.alpha = elastic_alpha(config, link.num_groups)
         self.beta = link.num_groups * self.alpha
-        self.center = self.step = None
 
-    def build(self, variables, state):
-        super().build(variables, state)
-        self.center = state("elastic_center", [self.ctx.size], tf.float32)
-        self.step = state("elastic_step", [], tf.int64)
+    @property
+    def center(self):
+        """The center copy of the model (the model itself before the first update)."""
+        return self.reference
 
-    def before_update(self, variables):
-        if not self.link.active:
-            return
-
-        def start():
-            # Before the first update, after the initial broadcast: the center is the model.
-            self.center.assign(flatten_variables(variables))
-            return tf.constant(True)
-
-        tf.cond(tf.equal(tf.convert_to_tensor(self.step), 0), start, lambda: tf.constant(False))
-
-    def after_update(self, variables):
-        if not self.link.active:
-            return
-        step = self.step.assign_add(1)
-        due = tf.logical_or(step % self.period == 0, step <= self.warmup_steps)
-
-        def pull():
-            model, center = flatten_variables(variables), tf.convert_to_tensor(self.center)
-            payload = self.link.send(model - center)
-            total = self.link.sent(payload) + self.link.exchange(payload)
-            center = center + self.alpha * total
-            self.center.assign(center)
-            assign_flat(variables, center + (1.0 - self.beta) * (model - center))
-            return tf.constant(True)
-
-        def skip():
-            self.link.idle()
-            return tf.constant(False)
-
-        tf.cond(due, pull, skip)
+    def round(self, variables):
+        model, center = flatten_variables(variables), tf.convert_to_tensor(self.center)
+        payload = self.link.send(model - center)
+        total = self.link.sent(payload) + self.link.exchange(payload)
+        center = center + self.alpha * total
+        self.center.assign(center)
+        assign_flat(variables, center + (1.0 - self.beta) * (model - center))
 
     def finish(self, variables) -> None:
         """Every rank takes the center. It is the same on every rank up to the order of the

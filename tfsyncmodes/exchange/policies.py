@@ -10,7 +10,9 @@ an outer optimizer overrides. Every policy ends training with one model (:meth:`
 A policy's state (anchors, counters) is created with the ``state`` factory, so it is optimizer
 state. With a single group a policy builds its state and does nothing else.
 
-A new policy: a subclass here (or in its own module) with ``@CROSS_GROUP.register("name")``.
+A new policy: a subclass here (or in its own module) with ``@CROSS_GROUP.register("name")``;
+one that acts every staleness + 1 updates subclasses :class:`RoundPolicy` and writes its
+:meth:`RoundPolicy.round` (periodic and elastic do).
 """
 from __future__ import annotations
 
@@ -90,44 +92,32 @@ class StaleExchange(CrossGroupPolicy):
         return [None if g is None else u for g, u in zip(grads, unflatten(mean, variables))]
 
 
-@CROSS_GROUP.register("periodic")
-class PeriodicAverage(CrossGroupPolicy):
-    """Local SGD across groups: each group applies its own group mean; after every `period`-th
-    update (period = staleness + 1; every update during the first `warmup_steps`) the groups
-    average how far their models moved since the last average (the *pseudo-gradient*), sent
-    through the compressor with error feedback, and :meth:`outer_update` applies that mean
-    change to the anchor with the ``--outer_optimizer``. Groups are at most period - 1 updates
-    apart between averages. ``--local_steps=N`` sets the period to N; ``--local_steps=auto``
-    builds :class:`~tfsyncmodes.exchange.local_steps.SpeedProportionalAverage` instead."""
+class RoundPolicy(CrossGroupPolicy):
+    """Base of the policies that act in rounds after the inner update: every `period`-th update
+    (period = staleness + 1; every update during the first `warmup_steps`) :meth:`round` runs,
+    otherwise the link idles. A round policy keeps a reference copy of the model (periodic's
+    anchor, elastic's center), set to the model before the first update (after the initial
+    broadcast), and an update counter, both optimizer state named by the subclass."""
 
-    def __new__(cls, config, link):
-        if cls is PeriodicAverage and getattr(config, "local_steps", 0) == "auto":
-            from tfsyncmodes.exchange.local_steps import SpeedProportionalAverage
-
-            cls = SpeedProportionalAverage
-        return super().__new__(cls)
+    reference_name = step_name = ""  # the state variables' names (checkpoints know them by it)
 
     def __init__(self, config, link):
         super().__init__(config, link)
-        fixed = getattr(config, "local_steps", 0)
-        self.period = fixed if isinstance(fixed, int) and fixed > 0 else config.staleness + 1
+        self.period = config.staleness + 1
         self.warmup_steps = config.warmup_steps
-        self.outer = OUTER_OPTIMIZERS.get(config.outer_optimizer)(config)
-        self.anchor = self.step = None
+        self.reference = self.step = None
 
     def build(self, variables, state):
         super().build(variables, state)
-        self.anchor = state("local_sgd_anchor", [self.ctx.size], tf.float32)
-        self.step = state("local_sgd_step", [], tf.int64)
-        self.outer.build(self.ctx, state)
+        self.reference = state(self.reference_name, [self.ctx.size], tf.float32)
+        self.step = state(self.step_name, [], tf.int64)
 
     def before_update(self, variables):
         if not self.link.active:
             return
 
         def start():
-            # The first update's starting point, after the initial broadcast: every rank's anchor.
-            self.anchor.assign(flatten_variables(variables))
+            self.reference.assign(flatten_variables(variables))
             return tf.constant(True)
 
         tf.cond(tf.equal(tf.convert_to_tensor(self.step), 0), start, lambda: tf.constant(False))
@@ -138,18 +128,50 @@ class PeriodicAverage(CrossGroupPolicy):
         step = self.step.assign_add(1)
         due = tf.logical_or(step % self.period == 0, step <= self.warmup_steps)
 
-        def average():
-            change = flatten_variables(variables) - tf.convert_to_tensor(self.anchor)
-            payload = self.link.send(change)
-            mean_change = (self.link.sent(payload) + self.link.exchange(payload)) / float(self.num_groups)
-            self.outer_update(variables, mean_change)
+        def run():
+            self.round(variables)
             return tf.constant(True)
 
         def skip():
             self.link.idle()
             return tf.constant(False)
 
-        tf.cond(due, average, skip)
+        tf.cond(due, run, skip)
+
+    def round(self, variables) -> None:
+        """One round across groups (in the graph, on every rank at the same update)."""
+        raise NotImplementedError
+
+
+@CROSS_GROUP.register("periodic")
+class PeriodicAverage(RoundPolicy):
+    """Local SGD across groups: each group applies its own group mean; after every `period`-th
+    update (period = staleness + 1; every update during the first `warmup_steps`) the groups
+    average how far their models moved since the last average (the *pseudo-gradient*), sent
+    through the compressor with error feedback, and :meth:`outer_update` applies that mean
+    change to the anchor with the ``--outer_optimizer``. Groups are at most period - 1 updates
+    apart between averages."""
+
+    reference_name, step_name = "local_sgd_anchor", "local_sgd_step"
+
+    def __init__(self, config, link):
+        super().__init__(config, link)
+        self.outer = OUTER_OPTIMIZERS.get(config.outer_optimizer)(config)
+
+    @property
+    def anchor(self):
+        """The model after the last average (every rank's, before the first update)."""
+        return self.reference
+
+    def build(self, variables, state):
+        super().build(variables, state)
+        self.outer.build(self.ctx, state)
+
+    def round(self, variables):
+        change = flatten_variables(variables) - tf.convert_to_tensor(self.anchor)
+        payload = self.link.send(change)
+        mean_change = (self.link.sent(payload) + self.link.exchange(payload)) / float(self.num_groups)
+        self.outer_update(variables, mean_change)
 
     def outer_update(self, variables, mean_change: tf.Tensor) -> None:
         """Applies the groups' mean change since the last average with the outer optimizer
@@ -158,4 +180,3 @@ class PeriodicAverage(CrossGroupPolicy):
         averaged = self.outer.step(tf.convert_to_tensor(self.anchor), mean_change)
         assign_flat(variables, averaged)
         self.anchor.assign(averaged)
-
