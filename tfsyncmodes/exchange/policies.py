@@ -150,12 +150,23 @@ class PeriodicAverage(RoundPolicy):
     average how far their models moved since the last average (the *pseudo-gradient*), sent
     through the compressor with error feedback, and :meth:`outer_update` applies that mean
     change to the anchor with the ``--outer_optimizer``. Groups are at most period - 1 updates
-    apart between averages."""
+    apart between averages. ``--local_steps=N`` sets the period to N; ``--local_steps=auto``
+    builds :class:`~tfsyncmodes.exchange.local_steps.SpeedProportionalAverage` instead."""
 
     reference_name, step_name = "local_sgd_anchor", "local_sgd_step"
 
+    def __new__(cls, config, link):
+        if cls is PeriodicAverage and getattr(config, "local_steps", 0) == "auto":
+            from tfsyncmodes.exchange.local_steps import SpeedProportionalAverage
+
+            cls = SpeedProportionalAverage
+        return super().__new__(cls)
+
     def __init__(self, config, link):
         super().__init__(config, link)
+        fixed = getattr(config, "local_steps", 0)
+        if isinstance(fixed, int) and fixed > 0:
+            self.period = fixed
         self.outer = OUTER_OPTIMIZERS.get(config.outer_optimizer)(config)
 
     @property
