@@ -184,14 +184,17 @@ class Launcher:
 
     def _report_exits(self, reported: set, failures_only: bool = False) -> Optional[int]:
         """Says which tasks besides the chief have exited (with a non-zero status, if
-        `failures_only`) since the last call; 1 if one of them stops the cluster, else None."""
+        `failures_only`) since the last call; 1 if one of them failed and so stops the cluster,
+        else None (a task that exited 0 finished its work: the chief's status decides)."""
         status = None
         for task in self.tasks[:-1]:
             code = task.process.poll()
             if code is None or task.name in reported or (failures_only and code == 0):
                 continue
             reported.add(task.name)
-            if task.role == "worker" and self.args.tolerate_worker_loss:
+            if code == 0:  # e.g. a MultiWorkerMirrored worker that finished a moment before the chief
+                self.say(f"{task.name} finished (status 0); waiting for the chief")
+            elif task.role == "worker" and self.args.tolerate_worker_loss:
                 self.say(f"{task.name} exited with status {code}; the others go on")
             else:
                 self.say(f"{task.name} exited with status {code}; stopping the cluster")
