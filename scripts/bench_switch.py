@@ -130,14 +130,24 @@ def spread(values) -> str:
     return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
 
 
+def hybrid_defaults() -> str:
+    """The hybrid knobs the runs used: the shipped defaults at the time of the run."""
+    from tfsyncmodes import config as config_lib
+
+    c = config_lib.resolve({"mode": "hybrid"}, environ={}, use_flags=False)
+    compression = f"topk {c.topk_ratio:g}" if c.compression == "topk" else c.compression
+    return (f"cross_group={c.cross_group}, staleness {c.staleness}, compression {compression}, "
+            f"local_steps {c.local_steps}")
+
+
 def report(table: dict, rounds: int, epochs: int) -> str:
     lines = [
         "## Switching within a run: mode schedule and straggler policy",
         "",
         f"`python scripts/bench_switch.py` — horovodrun -np {FLAGS.np} on one 2-core host shared with other "
         f"jobs (timings are noisy), scripts/train.py on digits, {epochs} epochs of 22 steps, global batch "
-        "64, Adam, one intra-op thread per rank; hybrid: groups of 2, Top-K 1 % with error feedback, "
-        f"cross_group=periodic, staleness 2; policy: threshold 1.5, every 10 steps, patience 2. "
+        f"64, Adam, one intra-op thread per rank; hybrid: groups of 2, {hybrid_defaults()}; policy: threshold "
+        "1.5, every 10 steps, patience 2. "
         f"{rounds} complete round(s) (every variant once per round; runs of an unfinished round are "
         "included); median (range).",
         "",
