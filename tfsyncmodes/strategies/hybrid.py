@@ -19,6 +19,16 @@ from tfsyncmodes.strategies.horovod import HorovodStrategy
 from tfsyncmodes.strategies.sync import horovod_world_size
 
 
+def start_groups(layout) -> Optional[groups_lib.ActiveGroups]:
+    """Starts Horovod with `layout`'s groups as process sets (None where Horovod is not
+    installed: HorovodStrategy then reports it)."""
+    try:
+        import horovod.tensorflow  # noqa: F401
+    except ImportError:
+        return None
+    return groups_lib.init_horovod(layout)
+
+
 class HybridStrategy(HorovodStrategy):
     mode = "hybrid"
 
@@ -28,13 +38,7 @@ class HybridStrategy(HorovodStrategy):
                               "this process was not started by horovodrun",
                               "launch with: horovodrun -np N python ... --sync_mode=hybrid")
         self.layout = groups_lib.layout_from_config(config, horovod_env.size, horovod_env.local_size)
-        self._groups = None
-        try:
-            import horovod.tensorflow  # noqa: F401
-        except ImportError:
-            pass  # HorovodStrategy reports it
-        else:
-            self._groups = groups_lib.init_horovod(self.layout)
+        self._groups = start_groups(self.layout)
         super().__init__(config)
 
     @property

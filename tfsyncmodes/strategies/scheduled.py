@@ -18,6 +18,7 @@ from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.strategies.base import Mode
 from tfsyncmodes.strategies.horovod import HorovodStrategy
+from tfsyncmodes.strategies.hybrid import start_groups
 
 IN_PROCESS = ("sync", "hybrid")  # the modes one horovodrun job can switch between
 
@@ -47,12 +48,7 @@ class SwitchingStrategy(HorovodStrategy):
             hybrid = self.configs["hybrid"]
             self.layout = groups_lib.layout_from_config(hybrid, horovod_env.size, horovod_env.local_size)
             os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(config.collective_timeout)))
-            try:
-                import horovod.tensorflow  # noqa: F401
-            except ImportError:
-                pass  # HorovodStrategy reports it
-            else:
-                self._groups = groups_lib.init_horovod(self.layout)
+            self._groups = start_groups(self.layout)
         super().__init__(config)
 
     @property
