@@ -79,6 +79,15 @@ def _unflat(flat, like):
     return out
 
 
+def outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr, outer_momentum):
+    """The outer optimizer on the groups' mean change: (next anchor, next velocity)."""
+    if outer_optimizer == "nesterov":
+        lr_out, pseudo = np.float32(outer_lr or 0.7), -mean_change
+        velocity = (np.float32(outer_momentum) * velocity + pseudo).astype(np.float32)
+        return (anchor - lr_out * (pseudo + np.float32(outer_momentum) * velocity)).astype(np.float32), velocity
+    return (anchor + np.float32(outer_lr or 1.0) * mean_change).astype(np.float32), velocity
+
+
 def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
     """Each group's update through error feedback and the compressor. Returns, per group, what
     it sent (decompressed) and the sum of what the other groups sent. Updates `residuals`."""
@@ -173,12 +182,7 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
             deltas = [_flat(p) - anchor for p in params]
             sent, others = _cross_group_send(deltas, residuals, compression, topk_ratio, error_feedback)
             mean_change = ((sent[0] + others[0]) / np.float32(len(groups))).astype(np.float32)
-            if outer_optimizer == "nesterov":
-                lr_out, pseudo = np.float32(outer_lr or 0.7), -mean_change
-                velocity = (np.float32(outer_momentum) * velocity + pseudo).astype(np.float32)
-                anchor = (anchor - lr_out * (pseudo + np.float32(outer_momentum) * velocity)).astype(np.float32)
-            else:
-                anchor = (anchor + np.float32(outer_lr or 1.0) * mean_change).astype(np.float32)
+            anchor, velocity = outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr, outer_momentum)
             params = [_unflat(anchor, start) for _ in groups]
         if cross_group == "elastic" and ((step + 1) % (staleness + 1) == 0 or step < warmup_steps):
             params, anchor = elastic_round(params, anchor, residuals, compression, topk_ratio,
@@ -263,12 +267,7 @@ def local_steps_training(kernel, bias, x, y, groups, round_steps, compression="n
         weighted_changes = [(weights[g] * (_flat(params[g]) - anchor)).astype(np.float32) for g in range(len(groups))]
         sent, others = _cross_group_send(weighted_changes, residuals, compression, topk_ratio, error_feedback)
         mean_change = (sent[0] + others[0]).astype(np.float32)
-        if outer_optimizer == "nesterov":
-            lr_out, pseudo = np.float32(outer_lr or 0.7), -mean_change
-            velocity = (np.float32(outer_momentum) * velocity + pseudo).astype(np.float32)
-            anchor = (anchor - lr_out * (pseudo + np.float32(outer_momentum) * velocity)).astype(np.float32)
-        else:
-            anchor = (anchor + np.float32(outer_lr or 1.0) * mean_change).astype(np.float32)
+        anchor, velocity = outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr, outer_momentum)
         params = [_unflat(anchor, start) for _ in groups]
     if not consensus or len(groups) == 1:
         return params, position
