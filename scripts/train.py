@@ -25,7 +25,7 @@ from absl import flags, logging  # noqa: E402
 
 import tfsyncmodes  # noqa: E402
 from tfsyncmodes.errors import ConfigError, at_least  # noqa: E402
-from tfsyncmodes.phases import run as phase_run  # noqa: E402
+from tfsyncmodes.switching.phases import run as phase_run  # noqa: E402
 from tfsyncmodes.paths import usable_directory  # noqa: E402
 
 flags.DEFINE_integer("epochs", 10, "Passes over the training set.")

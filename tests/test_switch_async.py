@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import PYTHON, REPO, clean_env, owned_processes
 from tests import events
 from tfsyncmodes.errors import ConfigError
-from tfsyncmodes.phases import checkpoint, plan
-from tfsyncmodes.phases.plan import EpochPhase
+from tfsyncmodes.switching.phases import checkpoint, plan
+from tfsyncmodes.switching.phases.plan import EpochPhase
 from tfsyncmodes.testing import localrun
 
 LAUNCH = os.path.join(REPO, "tfsyncmodes", "launch.py")

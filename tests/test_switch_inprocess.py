@@ -9,7 +9,8 @@ import pytest
 from tests import reference
 from tests.conftest import PYTHON, WORKERS, run_checked
 from tfsyncmodes import schedule as schedule_lib
-from tfsyncmodes import switching
+from tfsyncmodes.exchange import recipes
+from tfsyncmodes.switching.callback import mode_code
 from tfsyncmodes.config import resolve
 from tfsyncmodes.testing import localrun
 
@@ -21,9 +22,9 @@ EPOCHS, STEPS = 3, 4  # 12 steps; every epoch feeds the same 4 batches
 def test_a_schedule_is_a_switch_plan_with_one_config_per_mode():
     config = resolve({"mode_schedule": "sync:10%,hybrid:80%,sync"}, environ={"TFSYNC_TOPK_RATIO": "0.5"},
                      use_flags=False)
-    plan, modes = switching.plan_for(config)
+    plan, modes = recipes.switch_plan(config)
     assert modes == ("sync", "hybrid") and type(plan).__name__ == "SchedulePlan"
-    hybrid, sync = switching.mode_config(config, "hybrid"), switching.mode_config(config, "sync")
+    hybrid, sync = recipes.mode_config(config, "hybrid"), recipes.mode_config(config, "sync")
     # Knobs left at their default take each mode's default; knobs given stay as given.
     from tfsyncmodes.knobs import KNOBS_BY_KEY
 
@@ -31,8 +32,8 @@ def test_a_schedule_is_a_switch_plan_with_one_config_per_mode():
     assert staleness.default_for("hybrid") != staleness.default  # a knob whose default differs
     assert (hybrid.mode, hybrid.staleness, hybrid.topk_ratio) == ("hybrid", staleness.default_for("hybrid"), 0.5)
     assert (sync.mode, sync.staleness, sync.topk_ratio) == ("sync", staleness.default, 0.5)
-    assert switching.plan_for(resolve({}, environ={}, use_flags=False)) is None
-    assert [switching.mode_code(m) for m in ("sync", "async", "hybrid")] == [0, 1, 2]
+    assert recipes.switch_plan(resolve({}, environ={}, use_flags=False)) is None
+    assert [mode_code(m) for m in ("sync", "async", "hybrid")] == [0, 1, 2]
 
 
 @pytest.mark.parametrize("text, words", [
@@ -56,7 +57,7 @@ def test_a_switching_optimizer_round_trips_through_model_save(tmp_path):
     import keras
 
     import tfsyncmodes
-    from tfsyncmodes.switching.exchange import SwitchableExchange
+    from tfsyncmodes.exchange.switchable import SwitchableExchange
 
     config = resolve({"mode_schedule": "sync:1,hybrid", "compression": "topk"}, environ={}, use_flags=False)
     model = keras.Sequential([keras.Input((reference.FEATURES,)), keras.layers.Dense(reference.OUTPUTS)])
@@ -84,7 +85,7 @@ def test_a_resumed_run_reenters_its_phase_without_resetting_it():
     import keras
 
     import tfsyncmodes
-    from tfsyncmodes.keras.switching import ScheduleSwitch
+    from tfsyncmodes.switching.callback import ScheduleSwitch
 
     config = resolve({"mode_schedule": "sync:2,hybrid:4,sync"}, environ={}, use_flags=False)
     model = keras.Sequential([keras.Input((reference.FEATURES,)), keras.layers.Dense(reference.OUTPUTS)])
@@ -174,10 +175,10 @@ def check_switches(workers, text, knobs, optimizer_class, rounds=None, tolerance
                                            err_msg=f"rank {rank} end of step {t} ({phase.mode})")
         np.testing.assert_allclose(w["final"], final, rtol=0, atol=tolerance)
         # The mode in every step's logs, and in History per epoch (at the epoch's end).
-        assert list(w["modes"]) == [switching.mode_code(schedule_lib.mode_at(phases, t))
+        assert list(w["modes"]) == [mode_code(schedule_lib.mode_at(phases, t))
                                     for t in range(EPOCHS * STEPS)]
         history = json.loads(str(w["history"]))
-        assert history["mode"] == [switching.mode_code(schedule_lib.mode_at(phases, (e + 1) * STEPS - 1))
+        assert history["mode"] == [mode_code(schedule_lib.mode_at(phases, (e + 1) * STEPS - 1))
                                    for e in range(EPOCHS)]
         boundaries = [p.start for p in phases[1:]]
         assert history["mode_switches"] == [sum(e * STEPS <= b < (e + 1) * STEPS for b in boundaries)

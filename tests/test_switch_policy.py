@@ -122,12 +122,12 @@ def test_own_step_times_take_out_the_wait_for_peers():
     ({"mode_schedule": "sync:10%,hybrid", "switch_policy": "straggler"}, "schedule and straggler both decide"),
 ])
 def test_policy_combinations_that_cannot_run_are_config_errors(overrides, words):
-    from tfsyncmodes import switching
+    from tfsyncmodes.exchange import recipes
 
     with pytest.raises(ConfigError) as raised:
-        switching.plan_for(config.resolve(overrides, environ={}, use_flags=False))
+        recipes.switch_plan(config.resolve(overrides, environ={}, use_flags=False))
     assert words in str(raised.value)
-    plan, modes = switching.plan_for(config.resolve({"switch_policy": "straggler"}, environ={}, use_flags=False))
+    plan, modes = recipes.switch_plan(config.resolve({"switch_policy": "straggler"}, environ={}, use_flags=False))
     assert modes == ("sync", "hybrid") and type(plan).__name__ == "StragglerPlan"
 
 

@@ -11,14 +11,8 @@ from tfsyncmodes import _requirements  # noqa: F401  (a clear error when TensorF
 from tfsyncmodes import flags as _flags  # noqa: F401  (defines --sync_mode and the other knobs)
 from tfsyncmodes.config import SyncConfig, resolve
 from tfsyncmodes.errors import ConfigError, run
-from tfsyncmodes.keras import compat as _compat
-from tfsyncmodes.keras import wrap
+from tfsyncmodes.keras import wrap  # registers the wrapper classes of the Keras in use
 from tfsyncmodes.strategies import ModeStrategy, make_strategy
-
-if _compat.LEGACY:
-    from tfsyncmodes.keras import legacy_optimizer as _legacy  # noqa: F401  (registers Sync*)
-else:
-    from tfsyncmodes.keras import optimizer as _optimizer  # noqa: F401  (registers SyncOptimizer)
 
 __version__ = "0.1.0"
 __all__ = ["ConfigError", "ModeStrategy", "SyncConfig", "make_strategy", "resolve", "run", "wrap"]

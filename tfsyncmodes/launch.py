@@ -17,7 +17,7 @@ reach other hosts, e.g. to download data; the ports are then open to the network
 
 A command whose ``--mode_schedule`` passes through async runs phase after phase, each on its
 own process layout (``horovodrun -np --np`` for sync and hybrid, this cluster for async); see
-:mod:`tfsyncmodes.phases.launching`.
+:mod:`tfsyncmodes.switching.phases.launching`.
 
 ``--print-tf-config --hosts a,b --workers 2 --ps 1`` starts nothing: it prints each task's
 TF_CONFIG for a cluster over those hosts (see :mod:`tfsyncmodes.tf_configs`).
@@ -237,7 +237,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         sys.stdout.write(render(args.hosts, args.workers, args.ps, args.port))
         return 0
-    phases = _sibling(os.path.join("phases", "launching.py")) if not args.print_tf_config else None
+    phases = _sibling(os.path.join("switching", "phases", "launching.py")) if not args.print_tf_config else None
     if phases is not None and phases.wants_phases(args.command):
         try:
             phases.check(args)
@@ -256,7 +256,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _sibling(relative: str):
-    """A module of the package next to this file (launch_options.py, phases/launching.py),
+    """A module of the package next to this file (launch_options.py, switching/phases/launching.py),
     loaded by path: like this file, those import nothing from the package, so not TensorFlow."""
     import importlib.util
 

@@ -64,7 +64,7 @@ class Registry:
 
 
 MODES = Registry("mode", ["tfsyncmodes.strategies.sync", "tfsyncmodes.strategies.parameter_server",
-                          "tfsyncmodes.strategies.hybrid", "tfsyncmodes.strategies.auto"])
+                          "tfsyncmodes.strategies.hybrid", "tfsyncmodes.switching.auto_mode"])
 BACKENDS = Registry("backend", ["tfsyncmodes.strategies.horovod", "tfsyncmodes.strategies.mirrored"])
 COMPRESSORS = Registry("compression", ["tfsyncmodes.exchange.compressors"])
 MEMORIES = Registry("memory", ["tfsyncmodes.exchange.memory"])

@@ -36,7 +36,7 @@ def main(argv):
     import tfsyncmodes
     from tfsyncmodes.exchange.policies import CrossGroupPolicy
     from tfsyncmodes.keras.compat import keras
-    from tfsyncmodes.keras.switching import ModeSwitch
+    from tfsyncmodes.switching.callback import ModeSwitch
 
     logging.set_verbosity(logging.INFO)
     strategy = tfsyncmodes.make_strategy()

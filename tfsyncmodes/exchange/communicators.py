@@ -8,7 +8,49 @@ may run as many collective rounds as it needs.
 """
 from __future__ import annotations
 
+from typing import Sequence, Tuple
+
 from tfsyncmodes.exchange.base import Part, densify
+
+
+def horovod_world() -> Tuple[int, int]:
+    """(rank, size) of the initialised Horovod world; (0, 0) when Horovod is absent or not
+    initialised."""
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return 0, 0
+    return (hvd.rank(), hvd.size()) if hvd.is_initialized() else (0, 0)
+
+
+def under_tf_distribute() -> bool:
+    """Whether a tf.distribute strategy's scope or replica context is active (it reduces
+    gradients itself)."""
+    import tensorflow as tf
+
+    return tf.distribute.has_strategy()
+
+
+def world_mean(tensors: Sequence, name: str) -> list:
+    """The mean of every tensor over all Horovod ranks, in one grouped allreduce."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    return hvd.grouped_allreduce([tf.convert_to_tensor(t) for t in tensors], op=hvd.Average,
+                                 process_set=hvd.global_process_set, name=name)
+
+
+def assign_world_mean(variables: Sequence, name: str) -> None:
+    """Every variable set to its mean over all Horovod ranks."""
+    for variable, mean in zip(variables, world_mean(variables, name)):
+        variable.assign(mean)
+
+
+def world_allgather(tensor, name: str):
+    """`tensor` of every Horovod rank, concatenated along the first axis in rank order."""
+    import horovod.tensorflow as hvd
+
+    return hvd.allgather(tensor, name=name, process_set=hvd.global_process_set)
 
 
 class HorovodAllreduce(Part):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfsyncmodes.exchange import communicators
 from tfsyncmodes.exchange.base import Part
 from tfsyncmodes.exchange.flat import TensorContext, assign_flat, flatten, flatten_variables, unflatten
 from tfsyncmodes.exchange.link import CrossGroupLink
@@ -45,6 +46,11 @@ class CrossGroupPolicy(Part):
     def flush(self):
         self.link.transport.flush()
 
+    def discard_pending(self) -> None:
+        """Drops rounds that came in but were not applied (a switch replaces them with the
+        groups' mean)."""
+        self.link.transport.discard()
+
     def begin_epoch(self, steps) -> None:
         """Keras calls this at each epoch's start with its number of steps (None: unknown)."""
         del steps
@@ -66,12 +72,7 @@ class CrossGroupPolicy(Part):
         rank leaves (and so shuts Horovod down) while another column still exchanges."""
         if not self.link.active:
             return
-        import horovod.tensorflow as hvd
-
-        means = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=hvd.Average,
-                                      process_set=hvd.global_process_set, name="tfsync.hybrid.finish")
-        for variable, mean in zip(variables, means):
-            variable.assign(mean)
+        communicators.assign_world_mean(variables, "tfsync.hybrid.finish")
 
 
 @CROSS_GROUP.register("stale")

@@ -38,6 +38,9 @@ class InStep:
     def flush(self, timeout: Optional[float] = None) -> None:
         pass
 
+    def discard(self) -> None:
+        """Nothing is ever pending in the step."""
+
     def close(self) -> None:
         pass
 

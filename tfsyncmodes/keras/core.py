@@ -7,7 +7,9 @@ exchange built from them, and the order in which a step runs the exchange's stag
     inner optimizer's update
     exchange.after_update(variables)      # model averaging stages
 
-Neither wrapper knows which mode it runs: the mode's exchange does (``Mode.exchange``).
+Neither wrapper knows which mode it runs: the exchange does, built by
+:func:`tfsyncmodes.exchange.recipes.exchange_for` (or composed by the user). Which strategy is
+in force comes from :mod:`tfsyncmodes.context`; this module imports no strategy.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 import tensorflow as tf
 
 from tfsyncmodes import config as config_lib
-from tfsyncmodes import registry
+from tfsyncmodes import context
 from tfsyncmodes.exchange.base import Chain, StateFactory
+from tfsyncmodes.exchange.recipes import exchange_for
 
 
 # The saved knobs' entry listing the knobs left at their default (not a knob itself).
@@ -26,30 +29,42 @@ DEFAULTED = "defaulted_knobs"
 
 
 class SyncCore:
-    """One wrapped optimizer's exchange, built from exactly `config` (and `strategy`'s groups)."""
+    """One wrapped optimizer's exchange, built from exactly `config` over the strategy's
+    `groups` (hybrid process sets; None: none), or the `exchange` a user composed."""
 
-    def __init__(self, config, strategy=None):
+    def __init__(self, config, groups=None, *, active_mode: Optional[str] = None,
+                 exchange: Optional[Chain] = None):
         self.config = config
-        self.strategy = strategy
-        self.exchange: Chain = exchange_for(config, strategy)
+        self.exchange: Chain = exchange if exchange is not None else exchange_for(
+            config, groups, active_mode=active_mode)
         self.variables: Sequence = ()
 
     @classmethod
-    def from_saved(cls, knobs: Mapping[str, Any]) -> "SyncCore":
-        """The core a loaded model's optimizer gets: the saved knobs, and the strategy in force
-        now if it runs the same mode (else none: the exchange keeps its state, unused)."""
-        from tfsyncmodes.strategies.base import ModeStrategy
+    def default(cls) -> "SyncCore":
+        """The exchange an optimizer constructed with no core gets: the strategy in scope's,
+        else one from a configuration resolved now."""
+        strategy = context.current()
+        if strategy is not None:
+            return cls(strategy.config, strategy.groups, active_mode=strategy.mode)
+        return cls(config_lib.resolve())
 
+    @classmethod
+    def from_saved(cls, knobs: Mapping[str, Any]) -> "SyncCore":
+        """The core a loaded model's optimizer gets: the saved knobs, over the groups of the
+        strategy in scope if it runs the same mode (else none: the exchange keeps its state,
+        unused)."""
         config = config_lib.from_saved(knobs)
         defaulted = [k for k in knobs.get(DEFAULTED, ()) if k in config.sources]
-        if defaulted:  # knobs a switching run derives per mode (compression: topk in hybrid)
+        if defaulted:  # knobs a switching run derives per mode
             config = dataclasses.replace(config, sources={**config.sources, **{k: "default" for k in defaulted}})
-        strategy = ModeStrategy.current()
+        strategy = context.current()
         if config.mode_schedule:  # a switching run's optimizer: the strategy of the same schedule
             same = strategy is not None and strategy.config.mode_schedule == config.mode_schedule
         else:
             same = strategy is not None and strategy.mode == config.mode
-        return cls(config, strategy if same else None)
+        if not same:
+            return cls(config)
+        return cls(config, strategy.groups, active_mode=strategy.mode)
 
     @property
     def mode(self) -> str:
@@ -85,20 +100,6 @@ class SyncCore:
         values = config_lib.knob_values(self.config)
         values[DEFAULTED] = sorted(k for k in values if self.config.sources.get(k, "default") == "default")
         return values
-
-
-def exchange_for(config, strategy) -> Chain:
-    """The mode's exchange; when a switch plan is in force (``--mode_schedule``), one exchange
-    per mode of the plan behind a holder that runs the active one."""
-    from tfsyncmodes import switching
-
-    planned = switching.plan_for(config)
-    if planned is not None:
-        from tfsyncmodes.strategies.scheduled import SwitchingMode
-
-        return SwitchingMode(*planned).exchange(config, strategy)
-    mode = registry.MODES.get(config.mode, config.sources.get("mode", "argument"), "mode")()
-    return mode.exchange(config, strategy)
 
 
 class SyncCoreAccess:

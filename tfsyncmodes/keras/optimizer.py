@@ -30,9 +30,7 @@ class SyncOptimizer(SyncCoreAccess, keras.optimizers.Optimizer):
                 f"wrap() needs a Keras 3 optimizer, got {type(inner_optimizer).__name__}; "
                 "with TF_USE_LEGACY_KERAS=1 pass a tf_keras optimizer")
         if core is None:  # constructed directly: the strategy's knobs, as wrap() takes them
-            from tfsyncmodes.keras import default_core
-
-            core = default_core()
+            core = SyncCore.default()
         super().__init__(learning_rate=0.0, name=name or f"{core.mode}_{inner_optimizer.name}")
         self.inner_optimizer = inner_optimizer
         self._sync_core = core
@@ -88,3 +86,8 @@ class SyncOptimizer(SyncCoreAccess, keras.optimizers.Optimizer):
             config.pop("inner_optimizer"), custom_objects=custom_objects)
         core = saved_core(config)
         return cls(inner, core=core, **config)
+
+
+def wrap(optimizer, core: SyncCore) -> SyncOptimizer:
+    """`optimizer` (a Keras 3 optimizer) wrapped around `core`'s exchange."""
+    return SyncOptimizer(optimizer, core=core)

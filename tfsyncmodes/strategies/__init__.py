@@ -10,7 +10,8 @@ from typing import Optional
 
 from tfsyncmodes import cluster as cluster_env
 from tfsyncmodes import config as config_lib
-from tfsyncmodes import registry, switching
+from tfsyncmodes import registry
+from tfsyncmodes.exchange.recipes import switch_plan
 from tfsyncmodes.strategies.base import Mode, ModeStrategy
 
 
@@ -24,11 +25,10 @@ def make_strategy(mode: Optional[str] = None, *, backend: Optional[str] = None,
     """
     if config is None:
         config = config_lib.resolve({"mode": mode, "backend": backend})
-    planned = switching.plan_for(config)  # a run that switches modes (--mode_schedule)
+    planned = switch_plan(config)  # a run that switches modes (--mode_schedule, a switch policy)
     if planned is not None:
-        from tfsyncmodes.strategies.scheduled import SwitchingMode
-
-        return SwitchingMode(*planned).make_strategy(config, cluster_env.horovod_env(), cluster_env.tf_config())
+        plan, modes = planned
+        return plan.make_strategy(config, modes, cluster_env.horovod_env(), cluster_env.tf_config())
     mode_part = registry.MODES.get(config.mode, config.sources.get("mode", "default"), "mode")()
     return mode_part.make_strategy(config, cluster_env.horovod_env(), cluster_env.tf_config())
 

@@ -12,29 +12,25 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
-import weakref
 from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
+from tfsyncmodes import context
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.keras import make_optimizer
 
 
 class Mode:
     """A way of keeping replicas in step, as registered in :data:`tfsyncmodes.registry.MODES`:
-    how its strategy is made, and the exchange its optimizers run. A new mode is a subclass
-    in a module of its own with ``@MODES.register("name")``."""
+    how its strategy is made. (What its optimizers exchange is its recipe in
+    :mod:`tfsyncmodes.exchange.recipes`.) A new mode is a subclass in a module of its own with
+    ``@MODES.register("name")``."""
 
     def make_strategy(self, config: SyncConfig, horovod, tf_config) -> "ModeStrategy":
         """The strategy for this process, from the config and how it was launched (Horovod's
         environment or None, TF_CONFIG or None)."""
-        raise NotImplementedError
-
-    def exchange(self, config: SyncConfig, strategy: Optional["ModeStrategy"]):
-        """The exchange (a :class:`~tfsyncmodes.exchange.base.Chain`) an optimizer wrapped under
-        `config` runs; `strategy` is the one it was wrapped under (None: none was made)."""
         raise NotImplementedError
 
 
@@ -47,45 +43,28 @@ class ModeStrategy:
 
     mode = "sync"
     backend = "none"
-    # Like tf.distribute's: the strategies whose scope this thread is in, innermost last.
-    _scopes = threading.local()
-    _made_last = None  # a weak reference to the strategy made last in this process
 
     def __init__(self, config: SyncConfig, tf_strategy: tf.distribute.Strategy):
         self.config = config
         self._tf_strategy = tf_strategy
-        ModeStrategy._made_last = weakref.ref(self)
-
-    @staticmethod
-    def current() -> Optional["ModeStrategy"]:
-        """The strategy whose scope is active, else the one made last in this process."""
-        stack = getattr(ModeStrategy._scopes, "stack", None)
-        if stack:
-            return stack[-1]
-        return ModeStrategy._made_last() if ModeStrategy._made_last is not None else None
-
-    @staticmethod
-    def in_scope() -> bool:
-        return bool(getattr(ModeStrategy._scopes, "stack", None))
 
     @property
     def groups(self):
         """Hybrid groups and their process sets (None: the mode has none)."""
         return None
 
-    def wrap(self, optimizer, mode: Optional[str] = None, *, config: Optional[SyncConfig] = None):
+    def wrap(self, optimizer, mode: Optional[str] = None, *, config: Optional[SyncConfig] = None,
+             exchange=None):
         """`optimizer` wrapped so that its gradients go through this strategy's exchange,
         built from this strategy's config (or `config`, for a model that needs other knobs of
-        the same mode)."""
-        from tfsyncmodes.keras import make_optimizer
-
+        the same mode), or through `exchange`, a chain of parts the user composed."""
         config = config or self.config
         for asked, what in ((mode, "wrap(mode=...)"), (config.mode, "wrap(config=...)")):
             if asked is not None and asked != self.mode:
                 raise ConfigError(what, "mode", f"{asked!r} contradicts the strategy's mode {self.mode!r} "
                                   f"(from {self.config.sources.get('mode', 'default')})",
                                   f"wrap without a mode, or make the strategy with make_strategy({asked!r})")
-        return make_optimizer(optimizer, config, self)
+        return make_optimizer(optimizer, config, self.groups, active_mode=self.mode, exchange=exchange)
 
     # --- what a tf.distribute.Strategy offers -------------------------------------------
     @property
@@ -96,13 +75,8 @@ class ModeStrategy:
     @contextlib.contextmanager
     def scope(self):
         """The underlying strategy's scope; inside it, ``tfsyncmodes.wrap`` uses this strategy."""
-        stack = ModeStrategy._scopes.__dict__.setdefault("stack", [])
-        stack.append(self)
-        try:
-            with self._tf_strategy.scope():
-                yield self
-        finally:
-            stack.pop()
+        with context.entered(self), self._tf_strategy.scope():
+            yield self
 
     @property
     def num_replicas_in_sync(self) -> int:

@@ -16,7 +16,6 @@ from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.registry import MODES
 from tfsyncmodes.strategies.base import Mode
 from tfsyncmodes.strategies.horovod import HorovodStrategy
-from tfsyncmodes.strategies.sync import horovod_world_size
 
 
 def start_groups(layout) -> Optional[groups_lib.ActiveGroups]:
@@ -68,15 +67,3 @@ class HybridStrategy(HorovodStrategy):
 class HybridMode(Mode):
     def make_strategy(self, config, horovod, tf_config):
         return HybridStrategy(config, horovod)
-
-    def exchange(self, config, strategy):
-        """Dense group mean, then the cross-group policy. Without the strategy's groups (a model
-        loaded outside a hybrid job) the exchange keeps its state and changes nothing."""
-        from tfsyncmodes.exchange.hybrid import hybrid_exchange
-
-        if strategy is None and horovod_world_size() > 1:
-            raise ConfigError("wrap", "mode=hybrid", "no hybrid strategy was made in this process",
-                              "call tfsyncmodes.make_strategy('hybrid') first and wrap inside its "
-                              "scope (or use strategy.wrap)")
-        return hybrid_exchange(config, getattr(strategy, "groups", None))
-

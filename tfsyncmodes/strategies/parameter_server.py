@@ -38,12 +38,6 @@ class AsyncMode(Mode):
     def make_strategy(self, config, horovod, tf_config):
         return make_parameter_server_strategy(config, tf_config)
 
-    def exchange(self, config, strategy):
-        """The step's version record and the staleness remedies the config switches on."""
-        from tfsyncmodes.exchange.staleness import async_exchange
-
-        return async_exchange(config)
-
 
 def make_parameter_server_strategy(config: SyncConfig, tf_config: Optional[TFConfig]):
     """The chief's strategy; in a worker or ps task, serves and never returns."""

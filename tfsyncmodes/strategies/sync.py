@@ -3,20 +3,8 @@
 a TF_CONFIG of several workers, MirroredStrategy otherwise)."""
 from __future__ import annotations
 
-import tensorflow as tf
-
-from tfsyncmodes.exchange.base import Chain
 from tfsyncmodes.registry import BACKENDS, MODES
 from tfsyncmodes.strategies.base import Mode
-
-
-def horovod_world_size() -> int:
-    """Size of the initialised Horovod world; 0 when Horovod is absent or not initialised."""
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError:
-        return 0
-    return hvd.size() if hvd.is_initialized() else 0
 
 
 def chosen_backend(config, horovod, tf_config) -> str:
@@ -36,20 +24,3 @@ class SyncMode(Mode):
         backend = BACKENDS.get(chosen_backend(config, horovod, tf_config),
                                config.sources.get("backend", "default"), "backend")
         return backend.from_environment(config, horovod, tf_config)
-
-    def exchange(self, config, strategy):
-        """Under a tf.distribute strategy the strategy reduces gradients itself, so nothing;
-        under Horovod (one replica per process) one grouped allreduce per step, or with
-        ``--compression`` the compressed exchange (its error feedback is optimizer state)."""
-        size = horovod_world_size()
-        if tf.distribute.has_strategy() or size <= 1:
-            return Chain()
-        if config.compression != "none":
-            import horovod.tensorflow as hvd
-
-            from tfsyncmodes.exchange.compressed_allreduce import compressed_allreduce
-
-            return Chain(compressed_allreduce(config, hvd.rank(), size))
-        from tfsyncmodes.exchange.communicators import HorovodAllreduce
-
-        return Chain(HorovodAllreduce())

@@ -3,7 +3,7 @@
 A plan is registered in :data:`tfsyncmodes.registry.SWITCH_PLANS`; the first whose
 :meth:`SwitchPlan.modes` is not empty for the run's configuration is in force. Its
 :meth:`SwitchPlan.callbacks` are required callbacks of the run: each decides when to switch
-and calls :meth:`tfsyncmodes.keras.switching.ModeSwitch.switch_to` (subclass ``ModeSwitch``).
+and calls :meth:`tfsyncmodes.switching.callback.ModeSwitch.switch_to` (subclass ``ModeSwitch``).
 
 A new plan (an online policy): a :class:`SwitchPlan` subclass in its own module, decorated
 with ``@SWITCH_PLANS.register("name")``, with the module listed among the registry's
@@ -16,6 +16,8 @@ from typing import List, Sequence
 
 from tfsyncmodes import schedule
 from tfsyncmodes.registry import SWITCH_PLANS
+from tfsyncmodes.switching.callback import ScheduleSwitch
+from tfsyncmodes.switching.strategy import make_switching_strategy
 
 PHASE_ENV = "TFSYNC_PHASE"  # set by the launcher in each phase of a schedule through async
 
@@ -36,6 +38,10 @@ class SwitchPlan:
         del strategy
         return []
 
+    def make_strategy(self, config, modes: Sequence[str], horovod, tf_config):
+        """The strategy of a run this plan switches between `modes`."""
+        return make_switching_strategy(config, self, modes, horovod, tf_config)
+
 
 @SWITCH_PLANS.register("schedule")
 class SchedulePlan(SwitchPlan):
@@ -46,11 +52,9 @@ class SchedulePlan(SwitchPlan):
     def modes(self, config):
         if not config.mode_schedule or os.environ.get(PHASE_ENV) is not None:
             # Inside a phase the launcher runs (a schedule through async), the process trains
-            # in that phase's mode only: tfsyncmodes.phases switches between processes.
+            # in that phase's mode only: tfsyncmodes.switching.phases switches between processes.
             return ()
         return schedule.modes(config.mode_schedule)
 
     def callbacks(self, strategy):
-        from tfsyncmodes.keras.switching import ScheduleSwitch
-
         return [ScheduleSwitch(strategy.config.mode_schedule, strategy)]

@@ -1,12 +1,14 @@
 """``--switch_policy=straggler`` as a switch plan: in force when the knob says so; starts in
 sync and may switch to hybrid and back; registers every process set a grouping may need before
 Horovod starts; its callback (:class:`~tfsyncmodes.switching.straggler.StragglerSwitch`)
-decides when. This module imports no TensorFlow (plans are looked up while configuring)."""
+decides when."""
 from __future__ import annotations
 
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.registry import SWITCH_PLANS
+from tfsyncmodes.switching import candidates
 from tfsyncmodes.switching.plans import SwitchPlan
+from tfsyncmodes.switching.straggler import StragglerSwitch
 
 
 @SWITCH_PLANS.register("straggler")
@@ -23,13 +25,7 @@ class StragglerPlan(SwitchPlan):
         return ("sync", "hybrid")
 
     def prepare_horovod(self, config, horovod_env) -> None:
-        from tfsyncmodes.switching import candidates
-
         candidates.init_horovod(horovod_env.size, candidates.default_group_size(config, horovod_env.size))
 
     def callbacks(self, strategy):
-        from tfsyncmodes.switching import candidates
-
-        from tfsyncmodes.switching.straggler import StragglerSwitch
-
         return [StragglerSwitch(strategy, candidates.default_group_size(strategy.config, strategy.num_workers))]

@@ -9,7 +9,7 @@ each rank's own time per step (:func:`~tfsyncmodes.switching.decision.own_step_t
 the same :class:`~tfsyncmodes.switching.decision.StragglerDecider`, so all reach the same
 decision at the same step. The chief logs every switch in one line with the figures behind it
 (every decision with ``--verbosity=1``) and writes the per-rank step times and the ratio as
-TensorBoard scalars (beside :class:`~tfsyncmodes.keras.switching.ModeSwitch`'s ``mode``). The
+TensorBoard scalars (beside :class:`~tfsyncmodes.switching.callback.ModeSwitch`'s ``mode``). The
 time across an epoch's end (evaluation, checkpoints) is not counted.
 
 Groups are chosen at the switch (the slow ranks share a group): every process set a grouping
@@ -28,7 +28,9 @@ from typing import List, Optional
 
 from absl import logging
 
-from tfsyncmodes.keras.switching import ModeSwitch
+from tfsyncmodes.exchange import groups as groups_lib
+from tfsyncmodes.exchange import recipes
+from tfsyncmodes.switching.callback import ModeSwitch
 from tfsyncmodes.switching.decision import Decision, Groups, StragglerDecider, own_step_times
 
 
@@ -97,27 +99,12 @@ class StragglerSwitch(ModeSwitch):
 
     def _regroup(self, groups: Groups) -> None:
         """Rebuilds the hybrid exchange for `groups` over its existing state variables."""
-        from tfsyncmodes import registry
-        from tfsyncmodes.exchange import groups as groups_lib
-        from tfsyncmodes.switching import mode_config
-
-        exchange, strategy = self.exchange, self.strategy
         layout = groups_lib.GroupLayout(tuple(tuple(g) for g in groups))
-        if layout == strategy.layout and exchange.exchanges.get("hybrid") is not None:
+        active = self.strategy.regroup(layout)
+        if active is None:
             return
-        strategy.layout, strategy._groups = layout, groups_lib.init_horovod(layout)
-        chain = registry.MODES.get("hybrid")().exchange(mode_config(strategy.config, "hybrid"), strategy)
-        chain.attach(exchange.inner_optimizer)
-        if exchange.built:
-            existing = iter(exchange._state["hybrid"])
-
-            def reuse(name, shape, dtype):
-                known, variable = next(existing)
-                if known != name:
-                    raise RuntimeError(f"the rebuilt hybrid exchange asks for {name!r}, not {known!r}")
-                return variable
-            chain.build(exchange.variables, reuse)
-        exchange.exchanges["hybrid"] = chain
+        hybrid = recipes.mode_exchange(recipes.mode_config(self.strategy.config, "hybrid"), active)
+        self.exchange.replace("hybrid", hybrid)
 
     def _scalars(self, decision: Decision) -> None:
         if not (self.log_dir and self._is_chief()):

@@ -3,11 +3,11 @@
 Async mode runs on a ``ParameterServerStrategy`` cluster (chief, workers, ps) and sync and
 hybrid under ``horovodrun``, so a schedule such as ``sync:1e,async:1e,sync`` cannot switch in
 one process. ``python -m tfsyncmodes.launch`` runs its phases one after another instead
-(:mod:`tfsyncmodes.phases.launching`); each phase's training script restores a mode-neutral
-checkpoint written by the previous phase (:mod:`tfsyncmodes.phases.checkpoint`), trains its
+(:mod:`tfsyncmodes.switching.phases.launching`); each phase's training script restores a mode-neutral
+checkpoint written by the previous phase (:mod:`tfsyncmodes.switching.phases.checkpoint`), trains its
 epochs and writes the next one; one History and one TensorBoard log span the whole run
-(:mod:`tfsyncmodes.phases.run`). The plan (which phase trains which epochs) is
-:mod:`tfsyncmodes.phases.plan`.
+(:mod:`tfsyncmodes.switching.phases.run`). The plan (which phase trains which epochs) is
+:mod:`tfsyncmodes.switching.phases.plan`.
 
 Sync-Switch (Li et al., "Sync-Switch: Hybrid Parameter Synchronization for Distributed Deep
 Learning", ICDCS 2021, arXiv:2104.08364) switches one TensorFlow job between bulk-synchronous

@@ -4,7 +4,7 @@
 model's wrapped optimizer to another mode of the run at a step boundary (between two train
 steps: call it from ``on_train_batch_begin``/``_end`` or ``on_epoch_*``, on every rank at the
 same step). It finishes the outgoing exchange and starts the incoming one clean
-(:meth:`tfsyncmodes.switching.exchange.SwitchableExchange.switch`), has Keras trace the train
+(:meth:`tfsyncmodes.exchange.switchable.SwitchableExchange.switch`), has Keras trace the train
 function again (Keras 3 and tf_keras both call ``model.train_function`` at every step of
 ``fit``), tells the strategy, logs one line on the chief and writes a TensorBoard marker.
 A policy that decides when to switch subclasses it (:class:`ScheduleSwitch` does). With
@@ -12,7 +12,7 @@ A policy that decides when to switch subclasses it (:class:`ScheduleSwitch` does
 the first one at or after the step asked for.
 
 Logs: every batch's and epoch's logs get ``mode`` (the mode's number:
-:func:`tfsyncmodes.switching.mode_code`, sync 0, hybrid 2), epoch logs (and so History) also
+:func:`mode_code`, sync 0, hybrid 2), epoch logs (and so History) also
 ``mode_switches`` (switches in that epoch). ``bytes_sent`` (cross-group bytes) is 0 in a step
 of a mode that does not cross groups, and per epoch the mean over the epoch's hybrid steps (0
 in an epoch without any). With a ``log_dir`` the chief writes, at every
@@ -24,10 +24,20 @@ from typing import List, Optional, Tuple
 
 from absl import logging
 
+import tensorflow as tf
+
 from tfsyncmodes import schedule as schedule_lib
 from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.exchange.switchable import SwitchableExchange
 from tfsyncmodes.keras.compat import keras
-from tfsyncmodes.switching import mode_code
+
+# The number a mode's steps carry in the logs and TensorBoard (fixed: logs stay comparable).
+MODE_CODES = {"sync": 0, "async": 1, "hybrid": 2}
+
+
+def mode_code(mode: str) -> int:
+    """The number logs carry for `mode` (sync 0, async 1, hybrid 2)."""
+    return MODE_CODES[mode]
 
 
 class ModeSwitch(keras.callbacks.Callback):
@@ -49,9 +59,7 @@ class ModeSwitch(keras.callbacks.Callback):
     # --- the switch ----------------------------------------------------------------------
     @property
     def exchange(self):
-        """The wrapped optimizer's :class:`~tfsyncmodes.switching.exchange.SwitchableExchange`."""
-        from tfsyncmodes.switching.exchange import SwitchableExchange
-
+        """The wrapped optimizer's :class:`~tfsyncmodes.exchange.switchable.SwitchableExchange`."""
         exchange = getattr(getattr(self.model, "optimizer", None), "exchange", None)
         if not isinstance(exchange, SwitchableExchange):
             raise ConfigError("ModeSwitch", "model.optimizer",
@@ -68,8 +76,6 @@ class ModeSwitch(keras.callbacks.Callback):
     @property
     def step(self) -> int:
         """The optimizer's step count (the next step's 0-based index)."""
-        import tensorflow as tf
-
         return int(tf.convert_to_tensor(self.model.optimizer.iterations).numpy())
 
     def switch_to(self, mode: str, reason: str = "") -> bool:
@@ -126,8 +132,6 @@ class ModeSwitch(keras.callbacks.Callback):
     def _mark(self, step: int, text: str) -> None:
         if not self.log_dir:
             return
-        import tensorflow as tf
-
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
         with self._writer.as_default(step=step):

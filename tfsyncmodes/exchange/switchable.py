@@ -4,7 +4,8 @@ and a holder that runs the active one.
 Every mode's exchange is built when the optimizer is (their state is optimizer state, so the
 initial broadcast, checkpoints and ``model.save`` carry all of it). Each stage of a step is
 delegated, when the step is traced, to the active exchange; after :meth:`switch` the train
-function must be traced again (:class:`tfsyncmodes.keras.switching.ModeSwitch` does).
+function must be traced again (:class:`tfsyncmodes.switching.callback.ModeSwitch` does). The
+optimizer wrapper knows only that its exchange can be swapped at a step boundary.
 
 A switch, at a step boundary, on every rank:
 
@@ -26,7 +27,10 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.exchange import communicators
 from tfsyncmodes.exchange.base import Chain, Part
+from tfsyncmodes.exchange.policies import CrossGroupPolicy
 
 # State a switch does not reset: the wire-traffic counters count over the whole run.
 KEPT_STATE = ("bytes_sent", "bytes_sent_total", "exchange_steps")
@@ -85,6 +89,24 @@ class SwitchableExchange(Chain):
         modes = [mode] if mode else list(self._state)
         return [v for m in modes for _, v in self._state[m]]
 
+    def replace(self, mode: str, exchange: Chain) -> None:
+        """Puts `exchange` in place of `mode`'s (e.g. the same mode over other groups), built
+        over the state variables the old one created, name for name (they are optimizer
+        state: checkpoints and the initial broadcast already know them)."""
+        self._check(mode)
+        if self.inner_optimizer is not None:
+            exchange.attach(self.inner_optimizer)
+        if self.built:
+            existing = iter(self._state[mode])
+
+            def reuse(name, shape, dtype):
+                known, variable = next(existing)
+                if known != name:
+                    raise RuntimeError(f"the rebuilt {mode} exchange asks for {name!r}, not {known!r}")
+                return variable
+            exchange.build(self.variables, reuse)
+        self.exchanges[mode] = exchange
+
     def activate(self, mode: str) -> None:
         """Makes `mode` active as it is (the start of training, or a resumed run)."""
         self._check(mode)
@@ -102,9 +124,7 @@ class SwitchableExchange(Chain):
             outgoing.finish(self.variables)
             diverged = _cross_group_policies(outgoing)
             for policy in diverged:
-                discard = getattr(policy.link.transport, "discard", None)
-                if discard is not None:
-                    discard()
+                policy.discard_pending()
             if diverged:
                 self._average_inner_state()
             for name, variable in self._state[mode]:
@@ -115,45 +135,23 @@ class SwitchableExchange(Chain):
 
     def _average_inner_state(self) -> None:
         """The inner optimizer's float variables, averaged over all ranks."""
-        import horovod.tensorflow as hvd
-
         own = {id(v) for v in self.state_variables()}
         variables = [v for v in _variables_of(self.inner_optimizer)
                      if id(v) not in own and tf.as_dtype(v.dtype).is_floating]
-        if not variables or hvd.size() <= 1:
-            return
-        means = hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in variables], op=hvd.Average,
-                                      process_set=hvd.global_process_set,
-                                      name="tfsync.switch.optimizer_state")
-        for variable, mean in zip(variables, means):
-            variable.assign(mean)
+        if variables and communicators.horovod_world()[1] > 1:
+            communicators.assign_world_mean(variables, "tfsync.switch.optimizer_state")
 
     def _check(self, mode: str) -> None:
         if mode not in self.exchanges:
-            from tfsyncmodes.errors import ConfigError
-
             raise ConfigError("switch_to", "mode", f"{mode!r} is not a mode of this run",
                               "use one of: " + ", ".join(self.exchanges))
 
 
 def _cross_group_policies(exchange: Chain) -> list:
     """The cross-group policies of `exchange` that exchange with other groups."""
-    from tfsyncmodes.exchange.policies import CrossGroupPolicy
-
     return [p for p in exchange.find(CrossGroupPolicy) if p.link.active]
 
 
 def _variables_of(optimizer) -> Sequence:
     variables = getattr(optimizer, "variables", ()) if optimizer is not None else ()
     return list((variables() if callable(variables) else variables) or ())
-
-
-def switchable_exchange(modes: Sequence[str], config, strategy) -> SwitchableExchange:
-    """One exchange per mode, each built by that mode's ``exchange()`` from `config` as that
-    mode alone would have it; the active one is the strategy's current mode (else the first)."""
-    from tfsyncmodes import registry
-    from tfsyncmodes.switching import mode_config
-
-    exchanges = {m: registry.MODES.get(m)().exchange(mode_config(config, m), strategy) for m in modes}
-    active = getattr(strategy, "mode", modes[0])
-    return SwitchableExchange(exchanges, active if active in exchanges else modes[0])

@@ -6,8 +6,12 @@ import dataclasses
 
 from absl import logging
 
+from tfsyncmodes.knobs import KNOBS
 from tfsyncmodes.registry import MODES
+from tfsyncmodes.strategies import make_strategy
 from tfsyncmodes.strategies.base import Mode
+from tfsyncmodes.switching import auto, candidates
+from tfsyncmodes.testing.faults import slow_spec
 
 
 @MODES.register("auto")
@@ -15,9 +19,6 @@ class AutoMode(Mode):
     schedulable = False  # it picks a mode; a --mode_schedule names the modes themselves
 
     def make_strategy(self, config, horovod, tf_config):
-        from tfsyncmodes.switching import auto, candidates
-        from tfsyncmodes.testing.faults import slow_spec
-
         if horovod is None:
             choice = auto.Choice("sync", "none", (), "auto: sync: not under horovodrun, where the probe "
                                  "and in-process switching run (sync's backend: as --sync_backend says)")
@@ -31,21 +32,14 @@ class AutoMode(Mode):
         if horovod is None or horovod.rank == 0:
             logging.info("%s", choice.reason)
         chosen = dataclasses.replace(config, **_settings(config, choice, horovod))
-        from tfsyncmodes.strategies import make_strategy
-
         strategy = make_strategy(config=chosen)  # a switch policy, if chosen, is a plan
         strategy.auto_choice = choice
         return strategy
-
-    def exchange(self, config, strategy):
-        return MODES.get(getattr(strategy, "mode", config.mode))().exchange(config, strategy)
 
 
 def _settings(config, choice, horovod) -> dict:
     """The knobs the choice sets: the mode, the policy, the groups, and the chosen mode's own
     defaults for knobs left at their default (e.g. hybrid's Top-K compression)."""
-    from tfsyncmodes.knobs import KNOBS
-
     settings = {knob.key: knob.default_for(choice.mode) for knob in KNOBS
                 if config.sources.get(knob.key, "default") == "default"}
     settings.update(mode=choice.mode, switch_policy=choice.switch_policy)

@@ -17,8 +17,8 @@ import numpy as np
 
 from tfsyncmodes.keras.compat import LEGACY, keras
 from tfsyncmodes.errors import ConfigError
-from tfsyncmodes.phases import checkpoint, plan
-from tfsyncmodes.phases.plan import PhaseContext
+from tfsyncmodes.switching.phases import checkpoint, plan
+from tfsyncmodes.switching.phases.plan import PhaseContext
 
 LOG_DIR = "logs"
 

@@ -5,7 +5,7 @@ Everything rank-related is Horovod's, as in sync and hybrid mode: this is
 :class:`HorovodStrategy` with the hybrid groups' process sets declared at ``hvd.init`` (as
 :class:`~tfsyncmodes.strategies.hybrid.HybridStrategy` does), one config per mode derived from
 the run's, the plan, and the mode it trains in now (:attr:`mode`). Optimizers it wraps run a
-:class:`~tfsyncmodes.switching.exchange.SwitchableExchange`; the plan's callbacks switch it.
+:class:`~tfsyncmodes.exchange.switchable.SwitchableExchange`; the plan's callbacks switch it.
 """
 from __future__ import annotations
 
@@ -16,9 +16,12 @@ from tfsyncmodes.cluster import HorovodEnv
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import groups as groups_lib
-from tfsyncmodes.strategies.base import Mode
+from tfsyncmodes.exchange.recipes import mode_config
+from tfsyncmodes.keras import make_optimizer
+from tfsyncmodes.keras.hybrid_callbacks import DrainExchange, WireTrafficLogger
 from tfsyncmodes.strategies.horovod import HorovodStrategy
 from tfsyncmodes.strategies.hybrid import start_groups
+from tfsyncmodes.switching.callback import ModeSwitch
 
 IN_PROCESS = ("sync", "hybrid")  # the modes one horovodrun job can switch between
 
@@ -34,8 +37,6 @@ class SwitchingStrategy(HorovodStrategy):
 
     def __init__(self, config: SyncConfig, horovod_env: Optional[HorovodEnv], modes: Sequence[str],
                  plan=None):
-        from tfsyncmodes.switching import mode_config
-
         self.modes = tuple(modes)
         self.plan = plan
         self.configs = {m: mode_config(config, m) for m in self.modes}
@@ -67,25 +68,31 @@ class SwitchingStrategy(HorovodStrategy):
     def groups(self) -> Optional[groups_lib.ActiveGroups]:
         return self._groups
 
+    def regroup(self, layout: groups_lib.GroupLayout) -> Optional[groups_lib.ActiveGroups]:
+        """Makes `layout` the hybrid groups (their process sets were registered at start, see
+        :mod:`~tfsyncmodes.switching.candidates`); returns the new groups, None if unchanged."""
+        if layout == self.layout:
+            return None
+        self.layout, self._groups = layout, groups_lib.init_horovod(layout)
+        return self._groups
+
     @property
     def group_index(self) -> Optional[int]:
         return self.layout.group_of(self.worker_index) if self.layout else None
 
-    def wrap(self, optimizer, mode: Optional[str] = None, *, config: Optional[SyncConfig] = None):
+    def wrap(self, optimizer, mode: Optional[str] = None, *, config: Optional[SyncConfig] = None,
+             exchange=None):
         """`optimizer` wrapped with one exchange per mode of the run (see
-        :class:`~tfsyncmodes.switching.exchange.SwitchableExchange`)."""
-        from tfsyncmodes.keras import make_optimizer
-
+        :class:`~tfsyncmodes.exchange.switchable.SwitchableExchange`)."""
         if mode is not None and mode not in self.modes:
             raise ConfigError("wrap(mode=...)", "mode", f"{mode!r} is not among the run's modes "
                               f"{', '.join(self.modes)}", "wrap without a mode")
-        return make_optimizer(optimizer, config or self.config, self)
+        return make_optimizer(optimizer, config or self.config, self.groups, active_mode=self.mode,
+                              exchange=exchange)
 
     def _correctness_callbacks(self) -> List:
         """Horovod's, with the plan's switch callbacks after the traffic logger (so that they
         see its logs) and before the broadcast, and the final drain."""
-        from tfsyncmodes.keras.hybrid_callbacks import DrainExchange, WireTrafficLogger
-
         drivers = self.plan.callbacks(self) if self.plan is not None else []
         base = super()._correctness_callbacks()
         traffic = [c for c in base if isinstance(c, WireTrafficLogger)]
@@ -95,7 +102,7 @@ class SwitchingStrategy(HorovodStrategy):
                   tensorboard: bool = True) -> List:
         """As every strategy's; the chief also writes a TensorBoard marker at each switch
         under `model_dir`/logs/switches."""
-        from tfsyncmodes.keras.switching import ModeSwitch
+        from tfsyncmodes.switching.callback import ModeSwitch
 
         callbacks = super().callbacks(model_dir, checkpoint, tensorboard)
         if model_dir and tensorboard and self.is_chief:
@@ -116,30 +123,19 @@ class SwitchingStrategy(HorovodStrategy):
         return text
 
 
-class SwitchingMode(Mode):
-    """Makes the switching strategy; not a registered mode (no run is "in" it), but what
-    ``make_strategy()`` uses when a switch plan is in force."""
-
-    def __init__(self, plan, modes: Sequence[str]):
-        self.plan = plan
-        self.modes = tuple(modes)
-
-    def make_strategy(self, config, horovod, tf_config):
-        source, knob = _field(config, self.plan)
-        if "async" in self.modes:
-            raise ConfigError(source, knob, f"{getattr(config, knob)!r} switches to or from async, which "
-                              "needs another process layout than one horovodrun job",
-                              "run it with python -m tfsyncmodes.launch")
-        other = [m for m in self.modes if m not in IN_PROCESS]
-        if other:
-            raise ConfigError(source, knob, f"mode {other[0]!r} cannot be switched to in-process",
-                              "use sync and hybrid phases")
-        if horovod is None:
-            raise ConfigError(source, knob, "switching between sync and hybrid within a run needs horovodrun",
-                              f"launch with: horovodrun -np N python ... --{knob}=...")
-        return SwitchingStrategy(config, horovod, self.modes, self.plan)
-
-    def exchange(self, config, strategy):
-        from tfsyncmodes.switching.exchange import switchable_exchange
-
-        return switchable_exchange(self.modes, config, strategy)
+def make_switching_strategy(config, plan, modes: Sequence[str], horovod, tf_config) -> SwitchingStrategy:
+    """The strategy of a run `plan` switches between `modes` (in-process, under horovodrun)."""
+    del tf_config
+    source, knob = _field(config, plan)
+    if "async" in modes:
+        raise ConfigError(source, knob, f"{getattr(config, knob)!r} switches to or from async, which "
+                          "needs another process layout than one horovodrun job",
+                          "run it with python -m tfsyncmodes.launch")
+    other = [m for m in modes if m not in IN_PROCESS]
+    if other:
+        raise ConfigError(source, knob, f"mode {other[0]!r} cannot be switched to in-process",
+                          "use sync and hybrid phases")
+    if horovod is None:
+        raise ConfigError(source, knob, "switching between sync and hybrid within a run needs horovodrun",
+                          f"launch with: horovodrun -np N python ... --{knob}=...")
+    return SwitchingStrategy(config, horovod, modes, plan)
