@@ -42,7 +42,7 @@ setup(
         "tfkeras": ["tf-keras==2.21.*"],
         "examples": ["scikit-learn"],
         # matplotlib: the compare_modes smoke test draws the plots.
-        "test": ["pytest", "pytest-timeout", "psutil", "scikit-learn", "matplotlib"],
+        "test": ["pytest", "pytest-timeout", "psutil", "scikit-learn", "matplotlib", "import-linter", "grimp"],
         "bench": ["matplotlib", "psutil"],
     },
 )

@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Dict, List, Optional
 
+from tfsyncmodes.tf_configs import render
+
 GRACE_SECONDS = 5.0
 PRIVATE_MARK = "TFSYNCMODES_LAUNCH_PRIVATE"  # set inside the loopback-only namespace
 _PRIVATE_PREFIXES = (("unshare", "--net"), ("unshare", "--user", "--map-root-user", "--net"))
@@ -233,8 +235,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.print_tf_config:
-        from tfsyncmodes.tf_configs import render
-
         sys.stdout.write(render(args.hosts, args.workers, args.ps, args.port))
         return 0
     phases = _sibling(os.path.join("switching", "phases", "launching.py")) if not args.print_tf_config else None

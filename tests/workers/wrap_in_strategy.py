@@ -22,14 +22,18 @@ strategy = tfsyncmodes.make_strategy()
 in_scope = None
 with strategy.scope():
     in_scope = tfsyncmodes.wrap(keras.optimizers.SGD(0.1))
-outside = tfsyncmodes.wrap(keras.optimizers.SGD(0.1))  # the strategy made last
+try:  # outside every scope nothing remembers the strategy: hybrid's groups are the strategy's
+    outside = tfsyncmodes.wrap(keras.optimizers.SGD(0.1)).sync_config.mode
+except ConfigError as error:
+    outside = str(error)
 try:
-    tfsyncmodes.wrap(keras.optimizers.SGD(0.1), "sync")
+    with strategy.scope():
+        tfsyncmodes.wrap(keras.optimizers.SGD(0.1), "sync")
     contradiction = None
 except ConfigError as error:
     contradiction = str(error)
 print("RESULT " + json.dumps({
     "rank": strategy.worker_index, "strategy_mode": strategy.mode, "sources": dict(strategy.config.sources),
     "group_size": strategy.config.group_size, "in_scope": in_scope.sync_config.mode,
-    "outside": outside.sync_config.mode, "same_config": in_scope.sync_config is strategy.config,
+    "outside": outside, "same_config": in_scope.sync_config is strategy.config,
     "contradiction": contradiction, "epochs": args.epochs, "class": type(in_scope).__name__}), flush=True)

@@ -20,6 +20,9 @@ from tfsyncmodes import context
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.keras import make_optimizer
+from tfsyncmodes.keras.compat import keras
+from tfsyncmodes.keras.resume import ResumeFromBackup
+from tfsyncmodes.paths import usable_directory
 
 
 class Mode:
@@ -151,10 +154,6 @@ class ModeStrategy:
         """The mode's required callbacks, resuming from `model_dir`/backup after a failure
         (every process restores, the chief writes), then chief-only checkpoint and TensorBoard
         logging under `model_dir`."""
-        from tfsyncmodes.keras.compat import keras
-        from tfsyncmodes.keras.resume import ResumeFromBackup
-        from tfsyncmodes.paths import usable_directory
-
         callbacks = self.required_callbacks()
         if not model_dir:
             return callbacks

@@ -9,6 +9,8 @@ import tensorflow as tf
 
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.keras.callbacks import BroadcastInitialState, MetricAverage
+from tfsyncmodes.keras.hybrid_callbacks import WireTrafficLogger
 from tfsyncmodes.registry import BACKENDS
 from tfsyncmodes.strategies.base import ModeStrategy
 
@@ -88,9 +90,6 @@ class HorovodStrategy(ModeStrategy):
         return fn(*args, **(kwargs or {}))
 
     def _correctness_callbacks(self) -> List:
-        from tfsyncmodes.keras.callbacks import BroadcastInitialState, MetricAverage
-        from tfsyncmodes.keras.hybrid_callbacks import WireTrafficLogger
-
         # Traffic first, so that MetricAverage and History see it.
         traffic = [WireTrafficLogger()] if self._counts_traffic() else []
         return traffic + [BroadcastInitialState(root_rank=0), MetricAverage()]

@@ -13,6 +13,7 @@ from tfsyncmodes.cluster import HorovodEnv
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import groups as groups_lib
+from tfsyncmodes.keras.hybrid_callbacks import DrainExchange
 from tfsyncmodes.registry import MODES
 from tfsyncmodes.strategies.base import Mode
 from tfsyncmodes.strategies.horovod import HorovodStrategy
@@ -49,8 +50,6 @@ class HybridStrategy(HorovodStrategy):
         return self.layout.group_of(self.worker_index)
 
     def _correctness_callbacks(self) -> List:
-        from tfsyncmodes.keras.hybrid_callbacks import DrainExchange
-
         return super()._correctness_callbacks() + [DrainExchange()]  # drain at the end
 
     def _counts_traffic(self) -> bool:

@@ -8,6 +8,8 @@ import tensorflow as tf
 from tfsyncmodes.cluster import TFConfig
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.keras import compat
+from tfsyncmodes.keras.loop import StrategyRunner, fit_loop
 from tfsyncmodes.registry import BACKENDS
 from tfsyncmodes.strategies.base import ModeStrategy
 from tfsyncmodes.watchdog import deadline
@@ -44,8 +46,6 @@ class MultiWorkerStrategy(ModeStrategy):
         return self.cluster.is_chief
 
     def _backup_writes(self):
-        from tfsyncmodes.keras import compat
-
         return None if compat.LEGACY else self.is_chief  # tf_keras coordinates its own writers
 
     @property
@@ -60,13 +60,9 @@ class MultiWorkerStrategy(ModeStrategy):
     def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None):
         """tf_keras trains with ``model.fit``; Keras 3's ``fit`` fails under this strategy, so
         Keras 3 models train in tfsyncmodes' own fit-like loop."""
-        from tfsyncmodes.keras import compat
-
         if compat.LEGACY:
             return super().fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
                                callbacks=callbacks, verbose=verbose)
-        from tfsyncmodes.keras.loop import StrategyRunner, fit_loop
-
         return fit_loop(model, StrategyRunner(self, dataset_fn), epochs=epochs,
                         steps_per_epoch=steps_per_epoch,
                         callbacks=self.with_required_callbacks(callbacks),

@@ -20,6 +20,8 @@ from absl import logging
 from tfsyncmodes.cluster import TFConfig
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError, JobFailure
+from tfsyncmodes.keras import compat
+from tfsyncmodes.keras.loop import CoordinatorRunner, fit_loop
 from tfsyncmodes.registry import MODES
 from tfsyncmodes.strategies.base import Mode, ModeStrategy
 from tfsyncmodes.testing.faults import refuse_window, slow_worker_factor
@@ -108,8 +110,6 @@ class AsyncStrategy(ModeStrategy):
         partitioner = None
         num_ps = tf_config.num_tasks("ps")
         if config.ps_shards > 1:
-            from tfsyncmodes.keras import compat
-
             if not compat.LEGACY:
                 raise ConfigError(config.sources.get("ps_shards", "default"), "ps_shards",
                                   "Keras 3 optimizers cannot update variables split over several ps "
@@ -174,24 +174,19 @@ class AsyncStrategy(ModeStrategy):
                           "to resume from the last finished epoch")
 
     def _backup_writes(self):
-        from tfsyncmodes.keras import compat
-
         return None if compat.LEGACY else True  # tf_keras coordinates its own writers here
 
     def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None):
         """tf_keras trains with ``model.fit`` (it supports this strategy); Keras 3 refuses it, so
         Keras 3 models train in tfsyncmodes' fit-like loop on the coordinator."""
-        from tfsyncmodes.keras import compat
-
         callbacks = self.with_required_callbacks(callbacks)
         verbose = self.default_verbose() if verbose is None else verbose
         if compat.LEGACY:
+            # tf_keras is an optional dependency: its loop is imported only when it is in use.
             from tfsyncmodes.keras.legacy_async import fit_legacy
 
             return fit_legacy(self, model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
                               callbacks=callbacks, verbose=verbose)
-        from tfsyncmodes.keras.loop import CoordinatorRunner, fit_loop
-
         try:
             return fit_loop(model, CoordinatorRunner(self, dataset_fn), epochs=epochs,
                             steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)

@@ -102,8 +102,6 @@ class SwitchingStrategy(HorovodStrategy):
                   tensorboard: bool = True) -> List:
         """As every strategy's; the chief also writes a TensorBoard marker at each switch
         under `model_dir`/logs/switches."""
-        from tfsyncmodes.switching.callback import ModeSwitch
-
         callbacks = super().callbacks(model_dir, checkpoint, tensorboard)
         if model_dir and tensorboard and self.is_chief:
             for callback in callbacks:
