@@ -11,7 +11,9 @@ from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.keras.callbacks import BroadcastInitialState, MetricAverage
 from tfsyncmodes.keras.hybrid_callbacks import WireTrafficLogger
+from tfsyncmodes.keras.xla import XlaOffForCollectives
 from tfsyncmodes.registry import BACKENDS
+from tfsyncmodes.strategies import devices
 from tfsyncmodes.strategies.base import ModeStrategy
 
 
@@ -43,6 +45,8 @@ class HorovodStrategy(ModeStrategy):
         # A peer that never arrives fails the job after the collective timeout instead of hanging.
         os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(config.collective_timeout)))
         self.hvd = init_horovod()
+        # Each rank its local GPU (memory growth on), before TensorFlow initialises devices.
+        self.device_plan = devices.place(devices.HOROVOD, self.hvd.local_rank(), self.hvd.local_size())
         super().__init__(config, tf.distribute.get_strategy())
 
     @property
@@ -92,7 +96,7 @@ class HorovodStrategy(ModeStrategy):
     def _correctness_callbacks(self) -> List:
         # Traffic first, so that MetricAverage and History see it.
         traffic = [WireTrafficLogger()] if self._counts_traffic() else []
-        return traffic + [BroadcastInitialState(root_rank=0), MetricAverage()]
+        return traffic + [XlaOffForCollectives(), BroadcastInitialState(root_rank=0), MetricAverage()]
 
     def _counts_traffic(self) -> bool:
         """Whether the exchange counts its bytes (a compressed one does)."""

@@ -11,6 +11,7 @@ from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.keras import compat
 from tfsyncmodes.keras.loop import StrategyRunner, fit_loop
 from tfsyncmodes.registry import BACKENDS
+from tfsyncmodes.strategies import devices
 from tfsyncmodes.strategies.base import ModeStrategy
 from tfsyncmodes.watchdog import deadline
 
@@ -32,6 +33,7 @@ class MultiWorkerStrategy(ModeStrategy):
     def __init__(self, config: SyncConfig, cluster: TFConfig):
         cluster.require_roles("sync", allowed=("chief", "worker"), required=())
         self.cluster = cluster
+        self.device_plan = devices.place(devices.ALL_LOCAL)  # every local GPU, memory growth on
         options = tf.distribute.experimental.CommunicationOptions(
             timeout_seconds=config.collective_timeout)
         peers = ", ".join(a for role in ("chief", "worker") for a in cluster.cluster.get(role, ()))
@@ -79,6 +81,7 @@ class MirroredStrategy(ModeStrategy):
         return cls(config)
 
     def __init__(self, config: SyncConfig):
+        self.device_plan = devices.place(devices.ALL_LOCAL)  # every local GPU, memory growth on
         super().__init__(config, tf.distribute.MirroredStrategy())
 
 

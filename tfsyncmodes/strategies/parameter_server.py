@@ -23,6 +23,7 @@ from tfsyncmodes.errors import ConfigError, JobFailure
 from tfsyncmodes.keras import compat
 from tfsyncmodes.keras.loop import CoordinatorRunner, fit_loop
 from tfsyncmodes.registry import MODES
+from tfsyncmodes.strategies import devices
 from tfsyncmodes.strategies.base import Mode, ModeStrategy
 from tfsyncmodes.testing.faults import refuse_window, slow_worker_factor
 from tfsyncmodes.testing.throttle import throttle_self
@@ -70,6 +71,8 @@ def serve(config: SyncConfig, tf_config: TFConfig) -> None:
     comes within ``collective_timeout`` seconds is an error.
     """
     task = f"{tf_config.task_type}:{tf_config.task_index}"
+    # A worker keeps the GPUs its host assigned (CUDA_VISIBLE_DEVICES); a ps task uses none.
+    devices.place(devices.PS if tf_config.task_type == "ps" else devices.WORKER)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=tf_config.task_type,
                                   task_index=tf_config.task_index, protocol="grpc", start=True)
@@ -106,6 +109,7 @@ class AsyncStrategy(ModeStrategy):
     def __init__(self, config: SyncConfig, tf_config: TFConfig):
         refuse_window(config, "async mode (its workers are throttled as whole processes)")
         self.cluster = tf_config
+        self.device_plan = devices.place(devices.WORKER)  # the chief: its host's GPUs, memory growth
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         partitioner = None
         num_ps = tf_config.num_tasks("ps")
