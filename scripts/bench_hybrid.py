@@ -183,7 +183,7 @@ def worker(out_path: str) -> None:
     import tfsyncmodes
     from tfsyncmodes import config as config_lib
     from tfsyncmodes.exchange.policies import CrossGroupPolicy
-    from tfsyncmodes.testing.faults import SlowWorker
+    from tfsyncmodes import faults
     from tfsyncmodes.keras.compat import keras
 
     base = {"mode": "hybrid", "group_size": 2, "slow_worker": "1:4.0"}
@@ -243,8 +243,8 @@ def worker(out_path: str) -> None:
             self.last = time.perf_counter()
 
     results = {}
-    required = strategy.required_callbacks()
-    quiet = [c for c in required if not isinstance(c, SlowWorker)]
+    quiet = strategy.required_callbacks()
+    required = quiet + faults.callbacks_for(strategy.config, rank)  # rank 1's SlowWorker
 
     def new_models():
         models = {mode: new_model(mode) for mode in ["sync"] + names}

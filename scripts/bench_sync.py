@@ -53,6 +53,7 @@ def worker(out_path: str) -> None:
     import tensorflow as tf
 
     import tfsyncmodes
+    from tfsyncmodes import faults
     from tfsyncmodes.keras.compat import keras
 
     strategy = tfsyncmodes.make_strategy("sync", backend="horovod")
@@ -93,7 +94,7 @@ def worker(out_path: str) -> None:
             return float(loss)
         return run
 
-    fit_callbacks = strategy.required_callbacks()
+    fit_callbacks = strategy.required_callbacks() + faults.callbacks_for(strategy.config, hvd.rank())
     sent = {}
 
     def make_fit(name, steps_per_execution=1, **knobs):

@@ -35,7 +35,7 @@ def main(argv):
     from tfsyncmodes import config as config_lib
     from tfsyncmodes.exchange.policies import CrossGroupPolicy
     from tfsyncmodes.keras.compat import keras
-    from tfsyncmodes.testing.faults import slow_worker_factor
+    from tfsyncmodes.faults import slow_worker_factor
 
     def links(optimizer):
         return [p.link for p in optimizer.exchange.find(CrossGroupPolicy)]

@@ -16,7 +16,7 @@ class AutoMode(Mode):
 
     def make_strategy(self, config, horovod, tf_config):
         from tfsyncmodes.switching import auto, candidates
-        from tfsyncmodes.testing.faults import slow_spec
+        from tfsyncmodes.faults import slow_spec
 
         if horovod is None:
             choice = auto.Choice("sync", "none", (), "auto: sync: not under horovodrun, where the probe "
