@@ -89,7 +89,7 @@ def chief(out_path: str) -> None:
 
 def measure(workers: int, slow_worker: str) -> float:
     """Steps per second of a fresh local cluster."""
-    from tfsyncmodes.testing import localrun
+    from tfsync_testbed import localrun
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rate.json")

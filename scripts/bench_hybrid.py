@@ -608,7 +608,7 @@ def digits_accuracy():
     --accuracy_config; each run's test accuracy from its metrics file."""
     import tempfile
 
-    from tfsyncmodes.testing import localrun
+    from tfsync_testbed import localrun
 
     knobs = json.loads(FLAGS.configs)[FLAGS.accuracy_config]
     train = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")

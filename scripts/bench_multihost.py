@@ -3,7 +3,7 @@
     python scripts/bench_multihost.py [--steps=20] [--repeats=5] [--rates=none,1gbit,100mbit]
 
 Needs root (network namespaces) and OpenSSH. The hosts are network namespaces on a private
-bridge (tfsyncmodes.testing.netns); the link between them is limited with ``tc`` (a ``tbf``
+bridge (tfsync_testbed.netns); the link between them is limited with ``tc`` (a ``tbf``
 qdisc on each host's interface: this kernel has no netem, so no added delay). Every job is
 ``horovodrun -np 4 --gloo``: on one host ``-H localhost:4``; across hosts ``-H hostA:2,hostB:2``
 over SSH, so that in hybrid mode each host is one group (dense inside, Top-K 1 % across,
@@ -155,7 +155,7 @@ def main(argv):
         with open(os.path.join(FLAGS.docs_dir, "bench_multihost.json"), encoding="utf-8") as handle:
             write(json.load(handle))
         return
-    from tfsyncmodes.testing import netns, ssh
+    from tfsync_testbed import netns, ssh
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TFSYNC_", "HOROVOD_"))}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

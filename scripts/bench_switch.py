@@ -60,7 +60,7 @@ POINTS = 0.005  # "within 0.5 point"
 
 
 def run_one(condition: str, variant: str, work: str, number: int) -> dict:
-    from tfsyncmodes.testing import localrun
+    from tfsync_testbed import localrun
 
     tag = f"{condition}-{variant}-{number}"
     metrics = os.path.join(work, tag + ".json")

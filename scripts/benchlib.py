@@ -25,7 +25,7 @@ def run_ranks(name: str, num_proc: int, script: str, flags: list, timeout: float
     import sys
     import tempfile
 
-    from tfsyncmodes.testing import localrun
+    from tfsync_testbed import localrun
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.json")

@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import PYTHON, REPO, clean_env
 from tfsyncmodes import config, faults
 from tfsyncmodes.faults import SlowWorker
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 
 def resolved(**knobs):

@@ -11,7 +11,7 @@ from tests.conftest import PYTHON, WORKERS, run_checked
 from tfsyncmodes import schedule as schedule_lib
 from tfsyncmodes import switching
 from tfsyncmodes.config import resolve
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 EPOCHS, STEPS = 3, 4  # 12 steps; every epoch feeds the same 4 batches
 

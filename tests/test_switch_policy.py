@@ -11,7 +11,7 @@ from tfsyncmodes import config
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.switching import auto
 from tfsyncmodes.switching.decision import StragglerDecider, own_step_times, slow_first_groups
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 
