@@ -1,4 +1,4 @@
-"""Running one training job of ``scripts/compare_modes.py`` and reading what it left behind.
+"""Running one training job of ``benchmarks/compare_modes.py`` and reading what it left behind.
 
 A job is ``scripts/train.py`` on a local cluster started by the project's own launchers:
 ``horovodrun`` (loopback only, :mod:`tfsync_testbed.localrun`) for the modes that run as
@@ -18,8 +18,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(REPO, "scripts", "train.py")
+from benchmarks.benchlib import REPO, TRAIN, repo_env
 
 
 def accepted_values(key: str) -> List[str]:
@@ -145,7 +144,7 @@ def run_job(mode: str, *, workers: int, train_flags: Sequence[str], model_dir: s
     cmd = command(mode, workers, train_flags, model_dir, metrics_path, on_ps, timeout,
                   tolerate_loss=kill_after_epochs is not None)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+    env = repo_env(env, TF_CPP_MIN_LOG_LEVEL="2")
     if intra_op_threads:  # keeps the processes of a job from fighting over few cores
         env["TF_NUM_INTRAOP_THREADS"] = str(intra_op_threads)
     log_path = log_path or os.path.join(model_dir, "job.log")
