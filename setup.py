@@ -24,6 +24,8 @@ setup(
     ),
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    # The library only: tests/, the test bed tfsync_testbed/, benchmarks/ and scripts/ stay in the
+    # checkout (tests/test_packaging.py checks what this installs and what it imports).
     packages=find_packages(include=["tfsyncmodes", "tfsyncmodes.*"]),
     package_data={"tfsyncmodes": ["py.typed"]},
     python_requires=">=3.10",

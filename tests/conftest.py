@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 from tfsyncmodes.launch import free_ports  # noqa: F401  (re-exported for the tests)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

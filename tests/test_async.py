@@ -12,7 +12,7 @@ import pytest
 
 from tests import events, reference
 from tests.conftest import PYTHON, REPO, WORKERS, clean_env
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 # Real clusters of 4 processes on 2 cores: about 40-120 s each.

@@ -34,7 +34,7 @@ import pytest
 from tests.conftest import PYTHON, REPO, WORKERS, clean_env
 from tfsyncmodes import config
 from tfsyncmodes.errors import ConfigError
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 REMEDIES = os.path.join(WORKERS, "async_remedies.py")

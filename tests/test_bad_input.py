@@ -57,7 +57,7 @@ import pytest
 from tests.conftest import PYTHON, REPO, clean_env
 from tfsyncmodes import cluster, config, knobs
 from tfsyncmodes.errors import ConfigError, at_least
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from tests.conftest import PYTHON, REPO, clean_env, free_ports, tf_config
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 # Creating the strategy and the watchdog, and start-up time varying between two runs.

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.conftest import PYTHON, REPO, clean_env
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 SCRIPT = """
 import json, sys

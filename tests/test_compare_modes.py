@@ -1,6 +1,6 @@
-"""scripts/compare_modes.py: a tiny real comparison (horovodrun and a local ps cluster, one
-worker killed midway) whose JSON, table and PNGs must hold measured numbers; and the pieces of
-its report checked against NumPy."""
+"""``python -m benchmarks.compare_modes``: a tiny real comparison (horovodrun and a local ps
+cluster, one worker killed midway) whose JSON, table and PNGs must hold measured numbers; and
+the pieces of its report checked against NumPy."""
 from __future__ import annotations
 
 import json
@@ -13,13 +13,13 @@ import sys
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "scripts", "compare_modes.py")
-sys.path.insert(0, REPO)
+from tests.conftest import REPO, clean_env
+
+SCRIPT = [sys.executable, "-m", "benchmarks.compare_modes"]  # as a user runs it, from the root
 
 
 def test_modes_and_policies_come_from_the_package():
-    from scripts import comparelib
+    from benchmarks import comparelib
     from tfsyncmodes import config, registry
 
     assert comparelib.accepted_values("mode") == list(registry.MODES.names())
@@ -31,12 +31,12 @@ def test_modes_and_policies_come_from_the_package():
 
 
 def test_plan_has_every_mode_and_swept_policy():
-    from scripts import comparelib
+    from benchmarks import comparelib
     from tfsyncmodes import config, registry
 
-    result = subprocess.run([sys.executable, SCRIPT, "--dry_run", "--sweep=compression,cross_group",
+    result = subprocess.run([*SCRIPT, "--dry_run", "--sweep=compression,cross_group",
                              "--variant=hybrid-s8=hybrid:staleness=8", "--conditions=equal,slow,kill_ps"],
-                            capture_output=True, text=True, timeout=120, cwd=REPO)
+                            capture_output=True, text=True, timeout=120, cwd=REPO, env=clean_env())
     assert result.returncode == 0, result.stderr[-2000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("[")]
     columns = {line.split("] ", 1)[1].split(" / ")[0] for line in lines}
@@ -52,7 +52,7 @@ def test_plan_has_every_mode_and_swept_policy():
 
 
 def test_time_to_target_matches_numpy_interpolation():
-    from scripts.compare_report import time_to
+    from benchmarks.compare_report import time_to
 
     rng = np.random.default_rng(0)
     times = np.cumsum(rng.uniform(0.5, 2.0, 12))
@@ -66,8 +66,8 @@ def test_time_to_target_matches_numpy_interpolation():
 
 
 def test_bad_flag_is_one_line_and_exit_2(tmp_path):
-    result = subprocess.run([sys.executable, SCRIPT, "--modes=sync,bogus", f"--docs_dir={tmp_path}"],
-                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    result = subprocess.run([*SCRIPT, "--modes=sync,bogus", f"--docs_dir={tmp_path}"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO, env=clean_env())
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error:")]
     from tfsyncmodes import registry
@@ -87,9 +87,9 @@ def test_tiny_comparison_writes_numbers_table_and_plots(tmp_path):
     pytest.importorskip("matplotlib")
     docs = tmp_path / "docs"
     result = subprocess.run(
-        [sys.executable, SCRIPT, "--modes=sync,async", "--conditions=equal,kill", "--epochs=2",
+        [*SCRIPT, "--modes=sync,async", "--conditions=equal,kill", "--epochs=2",
          "--compute_ms=0", "--rerun_after_kill=false", "--timeout=300", f"--docs_dir={docs}"],
-        capture_output=True, text=True, timeout=840, cwd=REPO)
+        capture_output=True, text=True, timeout=840, cwd=REPO, env=clean_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     progress = [line for line in result.stdout.splitlines() if re.match(r"\[\d/4\] ", line)]
     assert len(progress) == 4 and all("min left" in line for line in progress), result.stdout[-3000:]

@@ -14,7 +14,7 @@ import yaml
 
 from tests.conftest import PYTHON, REPO, clean_env
 from tfsyncmodes.cluster import tf_config as parse_tf_config
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 from tfsyncmodes.tf_configs import plan
 
 DEPLOY = os.path.join(REPO, "deploy", "kubernetes")

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import PYTHON, REPO, WORKERS, clean_env, run_checked
 from tfsyncmodes.strategies import devices
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 GPUS = [f"/physical_device:GPU:{i}" for i in range(4)]
 

@@ -9,7 +9,7 @@ import pytest
 from tests import reference
 from tests.conftest import PYTHON, REPO, WORKERS, clean_env, run_checked
 from tfsyncmodes import config as config_lib
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 from tfsyncmodes.errors import ConfigError
 
 import tensorflow as tf  # noqa: E402  (a broken TensorFlow must fail these tests, not skip them)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.conftest import PYTHON, REPO, clean_env
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 REPORT_AND_WAIT = (
     "import json, os, sys, time\n"

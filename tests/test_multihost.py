@@ -1,4 +1,4 @@
-"""Every mode across 2 hosts: network namespaces on a private bridge (tfsyncmodes.testing.netns),
+"""Every mode across 2 hosts: network namespaces on a private bridge (tfsync_testbed.netns),
 each run checked like its single-host twin (same NumPy references, same bars).
 
 Only the namespaces' own addresses (10.213.77.0/24, on a bridge the test creates and removes)
@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import PYTHON, REPO, WORKERS, clean_env, tf_config
 from tests.test_hybrid import SCENARIOS, check_against_numpy
 from tests.test_sync_horovod import check_mean_gradient_training, load_workers
-from tfsyncmodes.testing import localrun, netns, ssh
+from tfsync_testbed import localrun, netns, ssh
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 STEPS_PER_EPOCH = 1437 // 64
@@ -129,10 +129,10 @@ def test_hosts_reach_each_other_and_nothing_is_left_behind():
 def test_a_bed_whose_owner_was_killed_is_removed_by_the_next():
     if netns.why_unavailable():
         pytest.skip(netns.why_unavailable())
-    owner = subprocess.Popen([PYTHON, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
-                              "from tfsyncmodes.testing import netns; bed = netns.HostBed(2).__enter__(); "
-                              "print(bed.hosts[0].namespace, bed.bridge, flush=True); time.sleep(600)", REPO],
-                             stdout=subprocess.PIPE, text=True, env=clean_env())
+    owner = subprocess.Popen([PYTHON, "-c", "import time; "
+                              "from tfsync_testbed import netns; bed = netns.HostBed(2).__enter__(); "
+                              "print(bed.hosts[0].namespace, bed.bridge, flush=True); time.sleep(600)"],
+                             stdout=subprocess.PIPE, text=True, env=clean_env())  # PYTHONPATH: the repo
     try:
         namespace, bridge = owner.stdout.readline().split()
     finally:

@@ -1,4 +1,5 @@
-"""Packaging: TensorFlow comes from the cpu or gpu extra, and its absence is one clear error."""
+"""Packaging: TensorFlow comes from the cpu or gpu extra, and its absence is one clear error; the
+installed package is the library only (no test bed, no benchmarks) and imports none of them."""
 import ast
 import os
 import subprocess
@@ -51,3 +52,59 @@ def test_the_check_passes_where_tensorflow_is_installed():
     result = subprocess.run([PYTHON, os.path.join(REPO, "tfsyncmodes", "_requirements.py")],
                             capture_output=True, text=True, timeout=50, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stderr
+
+
+# --- the installed package is the library only -------------------------------------------
+SUPPORT = ("tests", "tfsync_testbed", "benchmarks", "scripts")  # the checkout's, never installed
+SUPPORT_MODULES = ("netns", "ssh", "sshd", "localrun", "throttle", "testbed", "conftest")
+
+
+def installed_packages():
+    """The packages setup.py's ``find_packages(...)`` call names, evaluated on this checkout."""
+    from setuptools import find_packages
+
+    with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    call = next(node for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and getattr(node.func, "id", "") == "setup")
+    packages = next(kw.value for kw in call.keywords if kw.arg == "packages")
+    assert getattr(packages.func, "id", "") == "find_packages", ast.dump(packages)
+    return find_packages(REPO, **{kw.arg: ast.literal_eval(kw.value) for kw in packages.keywords})
+
+
+def installed_modules():
+    """(dotted name, path) of every module file in the installed packages."""
+    for package in installed_packages():
+        directory = os.path.join(REPO, *package.split("."))
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(".py"):
+                yield f"{package}.{name[:-3]}", os.path.join(directory, name)
+
+
+def imported_names(path):
+    """Every module `path` imports by name (import, from-import, importlib.import_module("..."))."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", ""))
+              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
+            yield str(node.args[0].value)
+
+
+def test_the_package_installs_no_test_or_benchmark_support():
+    packages = installed_packages()
+    assert "tfsyncmodes" in packages and all(p.split(".")[0] == "tfsyncmodes" for p in packages), packages
+    modules = dict(installed_modules())
+    assert "tfsyncmodes.faults" in modules  # fault injection is a feature of the package
+    support = [name for name in modules if any(part in SUPPORT_MODULES or part.startswith(("test", "bench"))
+                                               for part in name.split(".")[1:])]
+    assert not support, f"test or benchmark support would be installed: {support}"
+
+
+def test_no_module_of_the_package_imports_test_or_benchmark_support():
+    found = [f"{name} imports {imported}" for name, path in installed_modules()
+             for imported in imported_names(path) if imported.split(".")[0] in SUPPORT]
+    assert not found, found

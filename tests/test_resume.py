@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.conftest import OWNER, OWNER_VAR, PYTHON, REPO, clean_env, owned_processes, run_checked
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 EPOCHS = 8
 STEPS_PER_EPOCH = 22  # digits: 1437 training examples // batch 64

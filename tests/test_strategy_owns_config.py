@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import PYTHON, WORKERS, run_checked
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 
 def results(stdout):

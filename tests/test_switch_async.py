@@ -13,7 +13,7 @@ from tests import events
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.switching.phases import checkpoint, plan
 from tfsyncmodes.switching.phases.plan import EpochPhase
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 LAUNCH = os.path.join(REPO, "tfsyncmodes", "launch.py")
 

@@ -12,7 +12,7 @@ from tfsyncmodes import schedule as schedule_lib
 from tfsyncmodes.exchange import recipes
 from tfsyncmodes.switching.callback import mode_code
 from tfsyncmodes.config import resolve
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 EPOCHS, STEPS = 3, 4  # 12 steps; every epoch feeds the same 4 batches
 

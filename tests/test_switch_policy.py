@@ -11,7 +11,7 @@ from tfsyncmodes import config
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.switching import auto
 from tfsyncmodes.switching.decision import StragglerDecider, own_step_times, slow_first_groups
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 
@@ -43,7 +43,7 @@ def test_bad_slow_worker_flag_is_one_line_and_exit_2():
 
 
 def test_async_refuses_a_window_but_takes_the_plain_form():
-    from tfsyncmodes.testing.faults import refuse_window
+    from tfsyncmodes.faults import refuse_window
 
     with pytest.raises(ConfigError) as raised:
         refuse_window(config.resolve({"mode": "async", "slow_worker": "1:4@30%-60%"}, environ={},
@@ -57,7 +57,7 @@ def test_window_slows_only_inside_it():
     steps inside the window take several times as long as those outside it."""
     from tfsyncmodes.keras.compat import keras
     import numpy as np
-    from tfsyncmodes.testing.faults import SlowWorker, parse_spec
+    from tfsyncmodes.faults import SlowWorker, parse_spec
 
     spec = parse_spec(config.resolve({"slow_worker": "0:6@25%-50%"}, environ={}, use_flags=False).slow_worker)
     keras.utils.set_random_seed(0)

@@ -10,7 +10,7 @@ import pytest
 from tests import reference
 from tests.conftest import PYTHON, WORKERS, run_checked
 from tfsyncmodes.errors import ConfigError
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 SIZE = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
 

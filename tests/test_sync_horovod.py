@@ -9,7 +9,7 @@ import pytest
 
 from tests import reference
 from tests.conftest import PYTHON, WORKERS, run_checked
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 pytestmark = pytest.mark.slow  # horovodrun jobs of 2 and 4 ranks
 

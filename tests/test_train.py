@@ -6,7 +6,7 @@ import pytest
 
 from tests import events
 from tests.conftest import PYTHON, REPO, free_ports, run_checked, run_cluster, tf_config
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 # Whole training runs: 30-90 s each on 2 cores.

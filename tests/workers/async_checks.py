@@ -17,9 +17,7 @@ Scenarios (each with a model of its own, in the same cluster):
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 FEATURES, CLASSES, BATCH, STEPS = 8, 4, 32, 200
 

@@ -23,11 +23,9 @@ under the SSP bound and DC-ASGD, saved as NumPy files. The knobs come from the e
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from tests import reference  # noqa: E402
+from tests import reference
 
 LR, MOMENTUM = 0.1, 0.5
 ROUNDS = (0, 2, 1, 3, 2, 0, 4, 1)  # fresh updates landing while each stale step waits

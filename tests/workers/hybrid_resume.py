@@ -10,11 +10,9 @@ compares: the weights after the extra step, and the optimizer's variables by nam
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from tests import reference  # noqa: E402
+from tests import reference
 
 STEPS = 3
 

@@ -12,11 +12,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from tests import reference  # noqa: E402
+from tests import reference
 
 
 def main(argv):
@@ -35,7 +33,7 @@ def main(argv):
     from tfsyncmodes import config as config_lib
     from tfsyncmodes.exchange.policies import CrossGroupPolicy
     from tfsyncmodes.keras.compat import keras
-    from tfsyncmodes.testing.faults import slow_worker_factor
+    from tfsyncmodes.faults import slow_worker_factor
 
     def links(optimizer):
         return [p.link for p in optimizer.exchange.find(CrossGroupPolicy)]

@@ -11,9 +11,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def main(argv):

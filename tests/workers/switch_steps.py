@@ -13,11 +13,9 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from tests import reference  # noqa: E402
+from tests import reference
 
 
 def main(argv):

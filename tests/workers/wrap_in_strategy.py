@@ -5,18 +5,14 @@ strategy from the command line and wraps without naming a mode. Prints one JSON 
 """
 import argparse
 import json
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=1)
 args, _ = parser.parse_known_args()  # tfsyncmodes' own flags are left to make_strategy
 
-import tfsyncmodes  # noqa: E402
-from tfsyncmodes.errors import ConfigError  # noqa: E402
-from tfsyncmodes.keras.compat import keras  # noqa: E402
+import tfsyncmodes
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.keras.compat import keras
 
 strategy = tfsyncmodes.make_strategy()
 in_scope = None

@@ -2,17 +2,13 @@
 gradient with each, and prints the updated variables as JSON (Keras 3, or tf_keras with
 TF_USE_LEGACY_KERAS=1)."""
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import tfsyncmodes  # noqa: E402
-from tfsyncmodes import config  # noqa: E402
-from tfsyncmodes.keras.compat import LEGACY, keras  # noqa: E402
+import tfsyncmodes
+from tfsyncmodes import config
+from tfsyncmodes.keras.compat import LEGACY, keras
 
 
 def knobs(clip_norm):

@@ -17,7 +17,7 @@ towards the lower index, as a stable sort by decreasing magnitude and as ``tf.ma
     ``tf.where`` for the candidates, ``tf.math.top_k`` among them, and
     ``unsorted_segment_sum`` to decompress.
 
-Where the time goes (``scripts/bench_hybrid.py --only_b``, 1M entries, k = 1 %, as fractions
+Where the time goes (``python -m benchmarks.bench_hybrid --only_b``, 1M entries, k = 1 %, as fractions
 of a dense training step of that model): in ``ops``, abs and comparison over every entry 0.07,
 ``tf.where`` over the mask 0.08, ``top_k`` among the candidates 0.08, the sample's ``top_k``
 0.04, gathering the values 0.04, the segment sum 0.06 (each with a call's dispatch, 0.02):

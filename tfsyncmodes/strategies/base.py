@@ -16,7 +16,7 @@ from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from tfsyncmodes import context
+from tfsyncmodes import context, faults
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.keras import make_optimizer
@@ -135,15 +135,10 @@ class ModeStrategy:
             num_replicas_in_sync=self.num_replicas_in_sync)
 
     def required_callbacks(self) -> List:
-        """Callbacks the mode needs on every process: correctness first, then the
-        ``--slow_worker`` fault injection when it names this worker."""
-        from tfsyncmodes.testing.faults import SlowWorker, slow_spec
-
-        callbacks = self._correctness_callbacks()
-        spec = slow_spec(self.config, self.worker_index)
-        if spec is not None:
-            callbacks.append(SlowWorker(spec.factor, (spec.start, spec.end)))
-        return callbacks
+        """Callbacks the mode needs on every process for correct training. Fault injection
+        (``--slow_worker``) is not among them: :meth:`callbacks` and :meth:`fit` add
+        :func:`tfsyncmodes.faults.callbacks_for` after them."""
+        return self._correctness_callbacks()
 
     def _correctness_callbacks(self) -> List:
         """What the engine needs for correct training (e.g. Horovod's initial broadcast)."""
@@ -154,7 +149,7 @@ class ModeStrategy:
         """The mode's required callbacks, resuming from `model_dir`/backup after a failure
         (every process restores, the chief writes), then chief-only checkpoint and TensorBoard
         logging under `model_dir`."""
-        callbacks = self.required_callbacks()
+        callbacks = self.required_callbacks() + faults.callbacks_for(self.config, self.worker_index)
         if not model_dir:
             return callbacks
         usable_directory(model_dir, "argument", "model_dir")
@@ -196,10 +191,12 @@ class ModeStrategy:
         return 1 if sys.stdout.isatty() else 2
 
     def with_required_callbacks(self, callbacks: Sequence) -> List:
-        """`callbacks` with the mode's required ones in front, unless already there."""
+        """`callbacks` with the mode's required ones and the fault injection's
+        (:func:`tfsyncmodes.faults.callbacks_for`) in front, unless already there."""
         callbacks = list(callbacks)
         present = {type(c) for c in callbacks}
-        return [c for c in self.required_callbacks() if type(c) not in present] + callbacks
+        added = self.required_callbacks() + faults.callbacks_for(self.config, self.worker_index)
+        return [c for c in added if type(c) not in present] + callbacks
 
     def describe(self) -> str:
         return (f"mode={self.mode} backend={self.backend} replicas={self.num_replicas_in_sync} "

@@ -22,11 +22,10 @@ from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError, JobFailure
 from tfsyncmodes.keras import compat
 from tfsyncmodes.keras.loop import CoordinatorRunner, fit_loop
+from tfsyncmodes.faults import refuse_window, slow_worker_factor, throttle_self
 from tfsyncmodes.registry import MODES
 from tfsyncmodes.strategies import devices
 from tfsyncmodes.strategies.base import Mode, ModeStrategy
-from tfsyncmodes.testing.faults import refuse_window, slow_worker_factor
-from tfsyncmodes.testing.throttle import throttle_self
 from tfsyncmodes.watchdog import deadline
 
 ROLES = ("chief", "worker", "ps")

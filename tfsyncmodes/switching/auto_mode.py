@@ -11,7 +11,7 @@ from tfsyncmodes.registry import MODES
 from tfsyncmodes.strategies import make_strategy
 from tfsyncmodes.strategies.base import Mode
 from tfsyncmodes.switching import auto, candidates
-from tfsyncmodes.testing.faults import slow_spec
+from tfsyncmodes.faults import slow_spec
 
 
 @MODES.register("auto")

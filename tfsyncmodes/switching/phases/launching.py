@@ -79,8 +79,8 @@ def horovodrun_path() -> Optional[str]:
 
 
 def horovodrun_command(ranks: int, command: Sequence[str]) -> List[str]:
-    """``horovodrun -np N`` on this host over Gloo and the loopback interface (as
-    :func:`tfsyncmodes.testing.localrun.horovodrun_command`, inside the launcher's namespace)."""
+    """``horovodrun -np N`` on this host over Gloo and the loopback interface, inside the
+    launcher's namespace."""
     return [horovodrun_path() or "horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
             "--network-interface", "lo", *command]
 

@@ -1,7 +1,7 @@
-"""Running one training job of ``scripts/compare_modes.py`` and reading what it left behind.
+"""Running one training job of ``benchmarks/compare_modes.py`` and reading what it left behind.
 
 A job is ``scripts/train.py`` on a local cluster started by the project's own launchers:
-``horovodrun`` (loopback only, :mod:`tfsyncmodes.testing.localrun`) for the modes that run as
+``horovodrun`` (loopback only, :mod:`tfsync_testbed.localrun`) for the modes that run as
 Horovod ranks, ``python -m tfsyncmodes.launch`` (chief, ps, workers on 127.0.0.1) for async.
 A job can have one worker killed midway: once the chief has logged `kill_after_epochs` epochs
 to TensorBoard, the process of Horovod rank 1 (or async task worker:1, or with
@@ -18,8 +18,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(REPO, "scripts", "train.py")
+from benchmarks.benchlib import REPO, TRAIN, repo_env
 
 
 def accepted_values(key: str) -> List[str]:
@@ -55,7 +54,7 @@ def command(mode: str, workers: int, train_flags: Sequence[str], model_dir: str,
         return [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(workers), "--ps", "1",
                 "--timeout", str(int(timeout)), *(["--tolerate_worker_loss"] if tolerate_loss else []),
                 "--", *train]
-    from tfsyncmodes.testing import localrun
+    from tfsync_testbed import localrun
 
     return localrun.horovodrun_command(workers, train)
 
@@ -138,14 +137,14 @@ def run_job(mode: str, *, workers: int, train_flags: Sequence[str], model_dir: s
     """Runs one job and returns what happened: ``returncode``, ``wall_seconds``, the chief's
     final metrics (``metrics``, None if it wrote none), the per-epoch ``curve``, and for a kill
     ``killed_at_seconds`` / ``killed_after_epoch`` / ``error`` (last error line)."""
-    from tfsyncmodes.testing import localrun
+    from tfsync_testbed import localrun
 
     os.makedirs(model_dir, exist_ok=True)
     metrics_path = os.path.join(model_dir, f"metrics-{time.time_ns()}.json")
     cmd = command(mode, workers, train_flags, model_dir, metrics_path, on_ps, timeout,
                   tolerate_loss=kill_after_epochs is not None)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+    env = repo_env(env, TF_CPP_MIN_LOG_LEVEL="2")
     if intra_op_threads:  # keeps the processes of a job from fighting over few cores
         env["TF_NUM_INTRAOP_THREADS"] = str(intra_op_threads)
     log_path = log_path or os.path.join(model_dir, "job.log")

@@ -1,6 +1,6 @@
 """Benchmark: async throughput against the sum of the workers' individual rates.
 
-    python scripts/bench_async.py [--steps=400] [--workers=2,4]
+    python -m benchmarks.bench_async [--steps=400] [--workers=2,4]
 
 In one run it starts local clusters (``tfsyncmodes.launch``, 1 ps, one intra-op thread per process)
 and measures steps per second of:
@@ -23,17 +23,14 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from scripts.quietstart import import_tensorflow_quietly  # noqa: E402
+from scripts.quietstart import import_tensorflow_quietly
 
 import_tensorflow_quietly()
 
 from absl import app, flags  # noqa: E402
 
 import tfsyncmodes  # noqa: E402,F401  (defines --slow_worker and the other knobs)
-from scripts.benchlib import replace_section  # noqa: E402
+from benchmarks.benchlib import DOCS, REPO, module_command, replace_section, repo_env  # noqa: E402
 
 flags.DEFINE_integer("steps", 400, "Timed steps per cluster run (after 40 warm-up steps).")
 flags.DEFINE_list("workers", ["2", "4"], "Worker counts to measure.")
@@ -41,7 +38,7 @@ flags.DEFINE_float("slow_factor", 4.0, "How much slower the slow worker runs.")
 flags.DEFINE_integer("batch_size", 64, "Batch size of each step.")
 flags.DEFINE_bool("report_only", False, "Rewrite the docs table from docs/bench_async.json, measuring nothing.")
 flags.DEFINE_string("chief_out", None, "Internal: set when running as the chief of a cluster.")
-flags.DEFINE_string("docs_dir", os.path.join(REPO, "docs"), "Where bench_async.json and BENCHMARKS.md go.")
+flags.DEFINE_string("docs_dir", DOCS, "Where bench_async.json and BENCHMARKS.md go.")
 FLAGS = flags.FLAGS
 
 
@@ -89,17 +86,17 @@ def chief(out_path: str) -> None:
 
 def measure(workers: int, slow_worker: str) -> float:
     """Steps per second of a fresh local cluster."""
-    from tfsyncmodes.testing import localrun
+    from tfsync_testbed import localrun
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rate.json")
         command = [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(workers), "--ps", "1",
-                   "--timeout", "900", "--", sys.executable, os.path.abspath(__file__),
+                   "--timeout", "900", "--", *module_command("benchmarks.bench_async"),
                    f"--chief_out={out}", f"--steps={FLAGS.steps}", f"--batch_size={FLAGS.batch_size}",
                    f"--slow_worker={slow_worker}"]
         # One thread per op keeps processes from fighting over the cores; inter-op parallelism
         # stays (a single inter-op thread deadlocks the workers' remote functions).
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", PYTHONPATH=REPO)
+        env = repo_env(TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1")
         result = localrun.run(command, timeout=1000, env=env, cwd=REPO)
         if result.returncode != 0 or not os.path.exists(out):
             sys.stderr.write(result.stdout[-5000:])
@@ -147,7 +144,7 @@ def write_report(result):
     table = [
         "## Async: throughput with one slow worker vs the sum of individual rates",
         "",
-        f"`python scripts/bench_async.py` — local cluster (chief, 1 ps, N workers, one intra-op thread each) "
+        f"`python -m benchmarks.bench_async` — local cluster (chief, 1 ps, N workers, one intra-op thread each) "
         f"on {result['cores']} cores, MLP 128-256-256-10, batch {result['batch_size']}, "
         f"{result['steps_per_run']} steps per run. One worker alone: {result['solo_steps_per_s']:.1f} steps/s; "
         f"slowed {result['slow_factor']:g}x: {result['solo_slow_steps_per_s']:.1f} steps/s.",

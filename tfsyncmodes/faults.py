@@ -1,25 +1,44 @@
-"""``--slow_worker=INDEX:FACTOR[@START%-END%]``: a straggler to rehearse with.
+"""Fault injection: ``--slow_worker=INDEX:FACTOR[@START%-END%]``, a straggler to rehearse with.
 
-Under Horovod a rank is slowed by a Keras callback (:class:`SlowWorker`) that sleeps after each
-step; with a window (``1:4.0@30%-60%``) it sleeps only while the run's step is inside that part
-of the run's steps (``epochs * steps`` as Keras passes them to callbacks), a transient straggler.
-An async worker's steps run inside its TensorFlow server, where no callback runs and the step
-count is unknown, so the whole process is throttled
-(:func:`tfsyncmodes.testing.throttle.throttle_self`) and a window is refused there.
+A feature for users who want to see how a mode behaves when one worker is slower than the
+others, without a slow machine: the knob ``slow_worker`` (flag ``--slow_worker``, env
+``TFSYNC_SLOW_WORKER``, YAML ``slow_worker``) names the worker and how many times slower it runs.
+
+- Horovod ranks and tf.distribute workers (sync, hybrid, switching): a Keras callback,
+  :class:`SlowWorker`, sleeps after each step so that the step takes `FACTOR` times as long.
+  With a window (``1:4.0@30%-60%``) it sleeps only while the run's step is inside that part of
+  the run's steps (``epochs * steps`` as Keras passes them to callbacks): a transient straggler.
+  :func:`callbacks_for` gives the callbacks for one worker; ``strategy.callbacks()`` and
+  ``strategy.fit()`` add them explicitly after the mode's required callbacks (a custom loop
+  that builds its own callback list adds ``callbacks_for(strategy.config,
+  strategy.worker_index)`` itself).
+- Async workers: a step runs inside the worker's TensorFlow server, where no callback runs
+  and the step count is unknown, so the parameter-server strategy slows the whole worker
+  process instead (:func:`throttle_self` with :func:`slow_worker_factor`: SIGSTOP/SIGCONT
+  for ``1 - 1/FACTOR`` of every 50 ms), and refuses a window (:func:`refuse_window`).
+- ``--sync_mode=auto`` probes the ranks' speed with the slowdown named for the start of the
+  run (:func:`slow_spec`).
+
+Nothing here runs unless ``slow_worker`` is set; it is not needed to train.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import statistics
+import subprocess
+import sys
 import time
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
+from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.keras.compat import keras
 
 ONE_OFF = 3.0  # a step over this many times the recent median is a one-off (a trace)
+THROTTLE_PERIOD_SECONDS = 0.05  # an async worker runs 1/FACTOR of every period
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +86,6 @@ def slow_worker_factor(config: Any, worker_index: int) -> float:
 
 def refuse_window(config: Any, where: str) -> None:
     """ConfigError when `config.slow_worker` has a window in a mode that cannot honour it."""
-    from tfsyncmodes.errors import ConfigError
-
     spec = parse_spec(config.slow_worker)
     if spec is not None and spec.transient:
         raise ConfigError(config.sources.get("slow_worker", "default"), "slow_worker",
@@ -80,7 +97,8 @@ class SlowWorker(keras.callbacks.Callback):
     """Fault injection: after each step, sleeps so that the step took `factor` times as long;
     with `window` (fractions of the run's steps, as in :class:`SlowSpec`) only inside it.
 
-    Used by the benchmarks (``--slow_worker=INDEX:FACTOR[@START%-END%]``) to model a straggler.
+    What ``--slow_worker=INDEX:FACTOR[@START%-END%]`` adds on worker INDEX (see
+    :func:`callbacks_for`); the benchmarks use it to model a straggler.
     """
 
     def __init__(self, factor: float, window: Tuple[float, float] = (0.0, 1.0)):
@@ -97,9 +115,7 @@ class SlowWorker(keras.callbacks.Callback):
         epochs = (self.params or {}).get("epochs") or 1
         if self.window != (0.0, 1.0):
             if not steps:
-                from tfsyncmodes.errors import ConfigError
-
-                raise ConfigError("fit", "steps_per_epoch", "--slow_worker with a window needs the "
+                            raise ConfigError("fit", "steps_per_epoch", "--slow_worker with a window needs the "
                                   "run's length", "pass steps_per_epoch to fit")
             spec = SlowSpec(0, self.factor, *self.window)
             self._steps = spec.window_steps(int(steps) * int(epochs))
@@ -127,3 +143,36 @@ class SlowWorker(keras.callbacks.Callback):
         typical = statistics.median(self._recent) if self._recent else elapsed
         self._recent.append(elapsed)
         time.sleep((self.factor - 1.0) * min(elapsed, ONE_OFF * typical))
+
+
+def callbacks_for(config: Any, worker_index: int) -> List:
+    """The fault-injection callbacks worker `worker_index` runs under `config`: a
+    :class:`SlowWorker` when ``slow_worker`` names it, else none. None in async mode, whose
+    workers are throttled as whole processes (:func:`throttle_self`) and whose chief computes
+    no steps."""
+    spec = slow_spec(config, worker_index)
+    if spec is None or config.mode == "async":
+        return []
+    return [SlowWorker(spec.factor, (spec.start, spec.end))]
+
+
+_WATCHER = r"""
+import os, signal, sys, time
+target, run_fraction, period = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+while True:
+    try:
+        time.sleep(period * run_fraction)
+        os.kill(target, signal.SIGSTOP)
+        time.sleep(period * (1.0 - run_fraction))
+        os.kill(target, signal.SIGCONT)
+    except ProcessLookupError:
+        break
+"""
+
+
+def throttle_self(factor: float) -> subprocess.Popen:
+    """Slows this process down `factor` times, as a slower machine would: a small watcher
+    process pauses it (SIGSTOP) for ``1 - 1/factor`` of every :data:`THROTTLE_PERIOD_SECONDS`
+    and resumes it (SIGCONT) for the rest; the watcher ends as soon as this process is gone."""
+    return subprocess.Popen([sys.executable, "-c", _WATCHER, str(os.getpid()), str(1.0 / factor),
+                             str(THROTTLE_PERIOD_SECONDS)], stdin=subprocess.DEVNULL)

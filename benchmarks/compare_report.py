@@ -1,4 +1,4 @@
-"""From the raw runs of ``scripts/compare_modes.py`` to numbers, the Markdown table and the plots.
+"""From the raw runs of ``benchmarks/compare_modes.py`` to numbers, the Markdown table and the plots.
 
 Everything here works on the JSON alone, so ``compare_modes.py --report_only`` can rebuild the
 table and plots without running anything.

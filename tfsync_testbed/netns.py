@@ -31,7 +31,7 @@ import subprocess
 import time
 from typing import List, Optional, Sequence
 
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 SUBNET = "10.213.77"  # /24; host i (0-based) is SUBNET.(i + 1)
 IFACE = "tfs0"  # the veth inside every host: what --network-interface names

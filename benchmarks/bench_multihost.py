@@ -1,9 +1,9 @@
 """Benchmark: sync and hybrid step time across 2 hosts over a rate-limited link, against 1 host.
 
-    python scripts/bench_multihost.py [--steps=20] [--repeats=5] [--rates=none,1gbit,100mbit]
+    python -m benchmarks.bench_multihost [--steps=20] [--repeats=5] [--rates=none,1gbit,100mbit]
 
 Needs root (network namespaces) and OpenSSH. The hosts are network namespaces on a private
-bridge (tfsyncmodes.testing.netns); the link between them is limited with ``tc`` (a ``tbf``
+bridge (tfsync_testbed.netns); the link between them is limited with ``tc`` (a ``tbf``
 qdisc on each host's interface: this kernel has no netem, so no added delay). Every job is
 ``horovodrun -np 4 --gloo``: on one host ``-H localhost:4``; across hosts ``-H hostA:2,hostB:2``
 over SSH, so that in hybrid mode each host is one group (dense inside, Top-K 1 % across,
@@ -23,11 +23,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from scripts.benchlib import replace_section  # noqa: E402
+from benchmarks.benchlib import DOCS, REPO, module_command, replace_section, repo_env
 
 flags.DEFINE_integer("steps", 20, "Steps per timed epoch.")
 flags.DEFINE_integer("repeats", 5, "Timed epochs per job (after one warm-up epoch).")
@@ -39,8 +37,7 @@ flags.DEFINE_integer("hidden", 1024, "Hidden units (two hidden layers).")
 flags.DEFINE_integer("batch_size", 64, "Per-rank batch size.")
 flags.DEFINE_string("worker_out", None, "Internal: set when running as a rank of the job.")
 flags.DEFINE_bool("rewrite_docs", False, "Only rewrite the BENCHMARKS.md section from bench_multihost.json.")
-flags.DEFINE_string("docs_dir", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs"),
-                    "Where bench_multihost.json and BENCHMARKS.md go.")
+flags.DEFINE_string("docs_dir", DOCS, "Where bench_multihost.json and BENCHMARKS.md go.")
 FLAGS = flags.FLAGS
 BURST = {"1gbit": "512kb", "100mbit": "64kb"}
 
@@ -122,7 +119,7 @@ def run_job(bed, mesh, mode: str, two_hosts: bool, env: dict) -> dict:
         out = os.path.join(tmp, "out.json")
         hosts = ["-H", f"{a.name}:2,{b.name}:2", "--network-interface", "tfs0", *mesh.horovodrun_args()] \
             if two_hosts else ["-H", "localhost:4", "--network-interface", "lo"]
-        command = [horovodrun, "-np", "4", *hosts, "--gloo", sys.executable, os.path.abspath(__file__),
+        command = [horovodrun, "-np", "4", *hosts, "--gloo", *module_command("benchmarks.bench_multihost"),
                    f"--worker_out={out}", f"--steps={FLAGS.steps}",
                    f"--repeats={FLAGS.repeats}", f"--features={FLAGS.features}", f"--hidden={FLAGS.hidden}",
                    f"--batch_size={FLAGS.batch_size}"]
@@ -132,7 +129,7 @@ def run_job(bed, mesh, mode: str, two_hosts: bool, env: dict) -> dict:
                          TFSYNC_STALENESS="2")
             if not two_hosts:  # the same groups as across hosts, where they come from the hosts
                 knobs.update(TFSYNC_GROUP_SIZE="2")
-        result = a.run(command, timeout=1200, env=dict(env, **knobs), cwd=os.getcwd())
+        result = a.run(command, timeout=1200, env=dict(env, **knobs), cwd=REPO)
         if result.returncode != 0:
             sys.stderr.write(result.stdout[-3000:] + result.stderr[-5000:])
             sys.exit(f"bench_multihost: the {mode} job failed with status {result.returncode}")
@@ -155,10 +152,10 @@ def main(argv):
         with open(os.path.join(FLAGS.docs_dir, "bench_multihost.json"), encoding="utf-8") as handle:
             write(json.load(handle))
         return
-    from tfsyncmodes.testing import netns, ssh
+    from tfsync_testbed import netns, ssh
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TFSYNC_", "HOROVOD_"))}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = repo_env(env, TF_CPP_MIN_LOG_LEVEL="2")
     results = {"rows": []}
     with tempfile.TemporaryDirectory() as work, netns.HostBed(2) as bed, ssh.SshMesh(bed, work) as mesh:
         env = mesh.env(env)
@@ -193,7 +190,7 @@ def write(results):
         json.dump(results, handle, indent=1)
     base = {r["mode"]: r["median_ms"] for r in results["rows"] if r["setting"] == "1 host"}
     lines = ["## Across hosts: sync and hybrid step time over a rate-limited link", "",
-             f"`python scripts/bench_multihost.py` — horovodrun -np 4 --gloo; across hosts `-H hostA:2,hostB:2` "
+             f"`python -m benchmarks.bench_multihost` — horovodrun -np 4 --gloo; across hosts `-H hostA:2,hostB:2` "
              f"over SSH between two network namespaces on one 2-core machine, the link limited with `tc` tbf "
              f"(no delay emulation); MLP of {results['parameters']:,} parameters, batch {FLAGS.batch_size} per rank, "
              f"Adam; hybrid: groups {{0,1}}, {{2,3}} (across hosts: one group per host; on one host "

@@ -1,4 +1,4 @@
-"""SSH between the hosts of a :class:`~tfsyncmodes.testing.netns.HostBed`, for ``horovodrun -H``.
+"""SSH between the hosts of a :class:`~tfsync_testbed.netns.HostBed`, for ``horovodrun -H``.
 
     with HostBed(2) as bed, SshMesh(bed, workdir) as mesh:
         env = mesh.env(os.environ)      # PATH starts with an ``ssh`` that never prompts
@@ -20,8 +20,8 @@ import subprocess
 import time
 from typing import List, Mapping
 
-from tfsyncmodes.testing import localrun
-from tfsyncmodes.testing.netns import HostBed, HostBedUnavailable
+from tfsync_testbed import localrun
+from tfsync_testbed.netns import HostBed, HostBedUnavailable
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd", "/usr/bin/sshd")
 

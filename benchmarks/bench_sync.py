@@ -1,7 +1,7 @@
 """Benchmark: the cost of ``wrap(opt, "sync")`` + ``model.fit`` against a hand-written loop,
 and of sync mode's compressed allreduce.
 
-    python scripts/bench_sync.py [--np=2,4] [--steps=300] [--repeats=5]
+    python -m benchmarks.bench_sync [--np=2,4] [--steps=300] [--repeats=5]
 
 Starts one ``horovodrun -np N`` job per N in which every rank times, on the same model and data
 and interleaved to share the machine's noise:
@@ -22,18 +22,15 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from scripts.quietstart import import_tensorflow_quietly  # noqa: E402
+from scripts.quietstart import import_tensorflow_quietly
 
 import_tensorflow_quietly()
 
 from absl import app, flags  # noqa: E402
 
-from scripts.benchlib import replace_section, run_ranks  # noqa: E402
+from benchmarks.benchlib import DOCS, replace_section, run_ranks  # noqa: E402
 
 flags.DEFINE_list("np", ["2", "4"], "Horovod rank counts, one job each.")
 flags.DEFINE_integer("steps_per_execution", 10, "Keras steps_per_execution of the fit_spe variant.")
@@ -43,8 +40,7 @@ flags.DEFINE_integer("batch_size", 128, "Per-rank batch size.")
 flags.DEFINE_integer("features", 256, "Input features.")
 flags.DEFINE_integer("hidden", 512, "Hidden units (two hidden layers).")
 flags.DEFINE_string("worker_out", None, "Internal: set when running as a rank of the job.")
-flags.DEFINE_string("docs_dir", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs"),
-                    "Where bench_sync.json and BENCHMARKS.md go.")
+flags.DEFINE_string("docs_dir", DOCS, "Where bench_sync.json and BENCHMARKS.md go.")
 FLAGS = flags.FLAGS
 
 
@@ -53,6 +49,7 @@ def worker(out_path: str) -> None:
     import tensorflow as tf
 
     import tfsyncmodes
+    from tfsyncmodes import faults
     from tfsyncmodes.keras.compat import keras
 
     strategy = tfsyncmodes.make_strategy("sync", backend="horovod")
@@ -93,7 +90,7 @@ def worker(out_path: str) -> None:
             return float(loss)
         return run
 
-    fit_callbacks = strategy.required_callbacks()
+    fit_callbacks = strategy.required_callbacks() + faults.callbacks_for(strategy.config, hvd.rank())
     sent = {}
 
     def make_fit(name, steps_per_execution=1, **knobs):
@@ -148,7 +145,7 @@ def write_report(runs, docs_dir):
     table = [
         "## Sync: `wrap(opt, \"sync\")` + `model.fit` vs a hand-written Horovod loop, and compression",
         "",
-        f"`python scripts/bench_sync.py` — horovodrun on one 2-core host, MLP of {parameters:,} parameters, "
+        f"`python -m benchmarks.bench_sync` — horovodrun on one 2-core host, MLP of {parameters:,} parameters, "
         f"batch {FLAGS.batch_size} per rank, Adam, {FLAGS.repeats} interleaved runs of {FLAGS.steps} steps "
         "per variant; median step time, [min, max] over the runs, ratio of medians to manual, and the "
         "bytes each rank puts on the wire per step (dense: 4 bytes per parameter).",
@@ -189,7 +186,7 @@ def main(argv):
         return
     runs = {}
     for num_proc in FLAGS.np:
-        runs[num_proc] = run_ranks("bench_sync", int(num_proc), __file__, [
+        runs[num_proc] = run_ranks("bench_sync", int(num_proc), "benchmarks.bench_sync", [
             f"--steps={FLAGS.steps}", f"--repeats={FLAGS.repeats}", f"--batch_size={FLAGS.batch_size}",
             f"--features={FLAGS.features}", f"--hidden={FLAGS.hidden}",
             f"--steps_per_execution={FLAGS.steps_per_execution}"], timeout=3000)

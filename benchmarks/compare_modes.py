@@ -1,8 +1,8 @@
 """The modes compared, measured: speed, convergence, fault tolerance and communication of every
 mode the package accepts, on one model, data and number of samples, in a table and two plots.
 
-    python scripts/compare_modes.py                     # all modes, 2 workers, digits (~12 min on 2 cores)
-    python scripts/compare_modes.py --model=my_models:build --data=my_data:load --epochs=20
+    python -m benchmarks.compare_modes        # all modes, 2 workers, digits (~12 min on 2 cores)
+    python -m benchmarks.compare_modes --model=my_models:build --data=my_data:load --epochs=20
 
 Every run is ``scripts/train.py`` on a local cluster started by the project's launchers
 (``horovodrun`` for the Horovod modes, ``python -m tfsyncmodes.launch`` for async), under
@@ -30,17 +30,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from scripts import compare_report, compare_table, comparelib  # noqa: E402
-
-REPO = comparelib.REPO
+from benchmarks import compare_report, compare_table, comparelib
+from benchmarks.benchlib import DOCS
 flags.DEFINE_integer("workers", 2, "Workers (Horovod ranks, or async worker tasks) in every run.")
 flags.DEFINE_integer("epochs", 10, "Epochs of every run (the same samples in every mode).")
 flags.DEFINE_integer("batch_size", 64, "Samples per step: the global batch of a sync/hybrid step, "
@@ -74,7 +70,7 @@ flags.DEFINE_bool("rerun_after_kill", True, "Start a stopped kill run again to s
 flags.DEFINE_integer("intra_op_threads", 1, "TF_NUM_INTRAOP_THREADS of every process (0: TensorFlow's "
                      "default, one per core), so that the processes of a job do not fight over the cores.")
 flags.DEFINE_float("timeout", 420.0, "Seconds one job may take before it is killed.")
-flags.DEFINE_string("docs_dir", os.path.join(REPO, "docs"), "Where the JSON, BENCHMARKS.md and PNGs go.")
+flags.DEFINE_string("docs_dir", DOCS, "Where the JSON, BENCHMARKS.md and PNGs go.")
 flags.DEFINE_string("json_name", "compare_modes.json", "File name of the raw results in --docs_dir.")
 flags.DEFINE_bool("write_docs", True, "Write the table into --docs_dir/BENCHMARKS.md.")
 flags.DEFINE_bool("report_only", False, "Rebuild table and plots from the JSON, running nothing.")
@@ -251,7 +247,7 @@ def main(argv):
     text = compare_table.markdown(result)
     print(text)
     if FLAGS.write_docs:
-        from scripts.benchlib import replace_section
+        from benchmarks.benchlib import replace_section
 
         replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), "compare_modes", text)
     for path in compare_table.plots(result, FLAGS.docs_dir):

@@ -1,7 +1,7 @@
 """Benchmark: switching modes within a run against staying in one mode, with and without a
 straggler.
 
-    python scripts/bench_switch.py [--np=4] [--epochs=12] [--repeats=2]
+    python -m benchmarks.bench_switch [--np=4] [--epochs=12] [--repeats=2]
 
 Every run is ``horovodrun -np 4 python scripts/train.py`` on digits (``--eval_each_epoch``:
 the chief measures its model's test accuracy at each epoch's end). Three conditions:
@@ -30,12 +30,9 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from scripts.benchlib import replace_section  # noqa: E402
+from benchmarks.benchlib import DOCS, REPO, TRAIN, replace_section, repo_env
 
 flags.DEFINE_integer("np", 4, "Horovod ranks.")
 flags.DEFINE_integer("epochs", 12, "Epochs of every run.")
@@ -44,7 +41,7 @@ flags.DEFINE_list("conditions", ["none", "slow", "transient"], "Conditions to ru
 flags.DEFINE_list("variants", ["sync", "hybrid", "schedule", "policy"], "Variants to run.")
 flags.DEFINE_list("train_flags", [], "More scripts/train.py flags for every run.")
 flags.DEFINE_float("timeout", 900.0, "Seconds one job may take before it is killed.")
-flags.DEFINE_string("docs_dir", os.path.join(REPO, "docs"), "Where bench_switch.json and BENCHMARKS.md go.")
+flags.DEFINE_string("docs_dir", DOCS, "Where bench_switch.json and BENCHMARKS.md go.")
 flags.DEFINE_bool("write_docs", True, "Write the table into --docs_dir/BENCHMARKS.md.")
 flags.DEFINE_bool("report_only", False, "Rebuild the table from --docs_dir/bench_switch.json, running nothing.")
 FLAGS = flags.FLAGS
@@ -60,16 +57,15 @@ POINTS = 0.005  # "within 0.5 point"
 
 
 def run_one(condition: str, variant: str, work: str, number: int) -> dict:
-    from tfsyncmodes.testing import localrun
+    from tfsync_testbed import localrun
 
     tag = f"{condition}-{variant}-{number}"
     metrics = os.path.join(work, tag + ".json")
-    command = [sys.executable, os.path.join(REPO, "scripts", "train.py"), f"--epochs={FLAGS.epochs}",
+    command = [sys.executable, TRAIN, f"--epochs={FLAGS.epochs}",
                "--eval_each_epoch", f"--metrics_file={metrics}", f"--model_dir={os.path.join(work, tag)}",
                *VARIANTS[variant], *CONDITIONS[condition], *FLAGS.train_flags]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TFSYNC_", "HOROVOD_"))}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, TF_NUM_INTRAOP_THREADS="1",
-               TF_NUM_INTEROP_THREADS="1")
+    env = repo_env(env, TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
     started = time.perf_counter()
     result = localrun.run(localrun.horovodrun_command(FLAGS.np, command), timeout=FLAGS.timeout, env=env, cwd=REPO)
     wall = time.perf_counter() - started
@@ -144,7 +140,7 @@ def report(table: dict, rounds: int, epochs: int) -> str:
     lines = [
         "## Switching within a run: mode schedule and straggler policy",
         "",
-        f"`python scripts/bench_switch.py` — horovodrun -np {FLAGS.np} on one 2-core host shared with other "
+        f"`python -m benchmarks.bench_switch` — horovodrun -np {FLAGS.np} on one 2-core host shared with other "
         f"jobs (timings are noisy), scripts/train.py on digits, {epochs} epochs of 22 steps, global batch "
         f"64, Adam, one intra-op thread per rank; hybrid: groups of 2, {hybrid_defaults()}; policy: threshold "
         "1.5, every 10 steps, patience 2. "

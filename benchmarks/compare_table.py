@@ -1,4 +1,4 @@
-"""The Markdown table and the PNGs of ``scripts/compare_modes.py``, from its summary."""
+"""The Markdown table and the PNGs of ``benchmarks/compare_modes.py``, from its summary."""
 from __future__ import annotations
 
 import os
@@ -87,7 +87,7 @@ def markdown(result: dict) -> str:
     lines = [
         "## The modes compared",
         "",
-        f"`python scripts/compare_modes.py` — {s['workers']} workers, {data}, "
+        f"`python -m benchmarks.compare_modes` — {s['workers']} workers, {data}, "
         f"{s['model'] or 'the MLP of scripts/train.py'}, {s['epochs']} epochs, batch {s['batch_size']} per step "
         f"(the same samples in every mode), {threads} per process. Measured on {m['date']} on a shared {m['cores']}-core machine "
         f"(load average {m['load_average_before'][0]:.1f} before, {m['load_average_after'][0]:.1f} after; "

@@ -1,0 +1,61 @@
+"""Helpers the benchmark scripts share (importing one benchmark would define its flags)."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(REPO, "docs")
+TRAIN = os.path.join(REPO, "scripts", "train.py")
+
+
+def repo_env(base: Optional[Mapping[str, str]] = None, **extra: str) -> dict:
+    """`base` (default: this process's environment) with the repository first on PYTHONPATH,
+    plus `extra`: the environment of every process a benchmark starts, so that it imports
+    ``benchmarks``, ``tfsync_testbed`` and ``tfsyncmodes`` from this checkout."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def module_command(module: str, *args: str) -> list:
+    """``python -m module args``: how a benchmark starts one of its own modules as a process
+    (with :func:`repo_env`)."""
+    return [sys.executable, "-m", module, *args]
+
+
+def replace_section(path: str, name: str, text: str) -> None:
+    """Writes `text` between benchmark `name`'s markers in `path`, leaving other sections alone."""
+    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+    content = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Benchmarks\n"
+    block = f"{begin}\n{text}\n{end}"
+    if begin in content and end in content:
+        content = content[:content.index(begin)] + block + content[content.index(end) + len(end):]
+    else:
+        content = content.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(content)
+
+
+def run_ranks(name: str, num_proc: int, module: str, flags: list, timeout: float) -> object:
+    """Runs `module` (``python -m``) with `flags` as the ranks of one ``horovodrun -np num_proc``
+    job (loopback only, killed on timeout), passing ``--worker_out=FILE``, and returns the JSON
+    that rank 0 wrote there. Exits with a message naming benchmark `name` if the job fails."""
+    import json
+    import tempfile
+
+    from tfsync_testbed import localrun
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "results.json")
+        command = module_command(module, f"--worker_out={out}", *flags)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
+        result = localrun.run(localrun.horovodrun_command(num_proc, command), timeout=timeout,
+                              env=repo_env(env, TF_CPP_MIN_LOG_LEVEL="2"), cwd=REPO)
+        if result.returncode != 0:
+            sys.stderr.write(result.stdout[-3000:] + result.stderr[-5000:])
+            sys.exit(f"{name}: the horovodrun job failed with status {result.returncode}")
+        with open(out, encoding="utf-8") as handle:
+            return json.load(handle)
