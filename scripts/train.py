@@ -25,7 +25,7 @@ from absl import flags, logging  # noqa: E402
 
 import tfsyncmodes  # noqa: E402
 from tfsyncmodes.errors import ConfigError, at_least  # noqa: E402
-from tfsyncmodes.switching.phases import run as phase_run  # noqa: E402
+from tfsyncmodes.switching.phases import plan as phase_plan  # noqa: E402
 from tfsyncmodes.paths import usable_directory  # noqa: E402
 
 flags.DEFINE_integer("epochs", 10, "Passes over the training set.")
@@ -182,7 +182,7 @@ def main(argv):
     for name in ("metrics_file",):
         if FLAGS[name].value:
             usable_directory(os.path.dirname(FLAGS[name].value) or ".", "flag", f"--{name}")
-    phase_run.plan.check_launched(tfsyncmodes.resolve())  # a schedule through async needs the launcher
+    phase_plan.check_launched(tfsyncmodes.resolve())  # a schedule through async needs the launcher
     strategy = tfsyncmodes.make_strategy()
     if strategy.is_chief:
         # The knobs the mode uses; every knob with --verbosity=1.
@@ -200,8 +200,9 @@ def main(argv):
     x_train, y_train, x_test, y_test = load_data(FLAGS.seed)
     steps_per_epoch = len(x_train) // FLAGS.batch_size
     # A phase of a --mode_schedule through async, as python -m tfsyncmodes.launch runs it (None
-    # outside one): its epochs, the checkpoint it starts from and writes, the run's History.
-    phase = phase_run.current(strategy, FLAGS.epochs, steps_per_epoch)
+    # outside one): strategy.callbacks() runs it (its epochs, the checkpoint it starts from and
+    # writes, the run's History); here only the choice of one optimizer for every phase.
+    phase = strategy.phase_callback()
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train))
@@ -228,14 +229,13 @@ def main(argv):
             # when no tf.distribute strategy is active (the Horovod case).
             jit_compile=False,
         )
-    if phase is None:
-        # A run through a --mode_schedule keeps one directory for all its phases.
-        model_dir = os.path.join(FLAGS.model_dir, "schedule" if strategy.config.mode_schedule else strategy.mode)
-        callbacks = strategy.callbacks(model_dir)
-    else:  # the phase's own backup and model; the run's one TensorBoard log
-        model_dir = phase.model_dir(FLAGS.model_dir)
-        callbacks = strategy.callbacks(model_dir, tensorboard=False) + phase.callbacks(FLAGS.model_dir)
-        phase.begin(model, FLAGS.model_dir, x_train[:512], y_train[:512])
+    # A run through a --mode_schedule keeps one directory for all its phases.
+    model_dir = os.path.join(FLAGS.model_dir, "schedule" if strategy.config.mode_schedule else strategy.mode)
+    callbacks = strategy.callbacks(FLAGS.model_dir if phase is not None else model_dir)
+    phase = next((c for c in callbacks if type(c) is type(phase)), None) if phase is not None else None
+    if phase is not None:  # the phase's own backup and model; the loss across each switch
+        model_dir = phase.phase_dir
+        phase.eval_data = (x_train[:512], y_train[:512])
     started, started_unix = time.perf_counter(), time.time()
     curve = []  # (seconds since the start, test accuracy) at each epoch's end, on the chief
 
@@ -246,11 +246,9 @@ def main(argv):
             curve.append((round(seconds, 3), float(np.mean(np.argmax(logits, axis=1) == y_test))))
 
     extra = [EpochAccuracy()] if FLAGS.eval_each_epoch and strategy.is_chief else []
-    history = strategy.fit(model, dataset_fn, epochs=phase.end_epoch if phase else FLAGS.epochs,
-                           steps_per_epoch=steps_per_epoch, callbacks=callbacks + extra)
+    history = strategy.fit(model, dataset_fn, epochs=FLAGS.epochs, steps_per_epoch=steps_per_epoch,
+                           callbacks=callbacks + extra)
     seconds = time.perf_counter() - started
-    if phase is not None:
-        phase.end(model, history, x_train[:512], y_train[:512])
 
     if strategy.is_chief:
         logits = np.asarray(model(x_test, training=False))

@@ -212,3 +212,24 @@ def test_sync_async_sync_through_the_launcher(tmp_path):
     assert len(scalars["epoch_loss"]) == 3
     assert sorted(os.listdir(phase_dir)) == ["history.json", "phase-0.npz", "phase-1.npz", "phase-2.npz",
                                              "phases.json"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(720)
+def test_a_users_own_script_runs_a_schedule_through_async(tmp_path):
+    """No phase plumbing in the script: strategy.callbacks() and strategy.fit() run the phase."""
+    command = [PYTHON, LAUNCH, "--np", "2", "--workers", "1", "--ps", "1", "--phase_dir", str(tmp_path / "phases"),
+               "--timeout", "600", "--", PYTHON, os.path.join(REPO, "tests", "workers", "schedule_user.py"),
+               str(tmp_path / "run"), "--mode_schedule=sync:1e,async:1e,sync"]
+    result = localrun.run(command, timeout=660, env=clean_env(), cwd=REPO)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
+    assert "[launch] all 3 phases done" in result.stdout
+    phases = [json.loads(line.split("RESULT ", 1)[1]) for line in result.stdout.splitlines() if "RESULT " in line]
+    assert [(p["mode"], p["epochs"], p["steps"]) for p in phases] == [
+        ("sync", [0], 8), ("async", [1], 16), ("sync", [2], 24)]  # epochs and steps go on
+    history = json.loads((tmp_path / "phases" / "history.json").read_text())
+    assert [(e["epoch"], e["mode"]) for e in history["epochs"]] == [(0, "sync"), (1, "async"), (2, "sync")]
+    losses = [e["loss"] for e in history["epochs"]]
+    assert losses[0] > losses[1] > losses[2]  # each phase trains on from the last one's model
+    assert sorted(os.listdir(tmp_path / "run")) == ["logs", "phase-0-sync", "phase-1-async", "phase-2-sync"]
+    assert not owned_processes()

@@ -35,8 +35,6 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-from tfsyncmodes.tf_configs import render
-
 GRACE_SECONDS = 5.0
 PRIVATE_MARK = "TFSYNCMODES_LAUNCH_PRIVATE"  # set inside the loopback-only namespace
 _PRIVATE_PREFIXES = (("unshare", "--net"), ("unshare", "--user", "--map-root-user", "--net"))
@@ -235,7 +233,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.print_tf_config:
-        sys.stdout.write(render(args.hosts, args.workers, args.ps, args.port))
+        sys.stdout.write(_sibling("tf_configs.py").render(args.hosts, args.workers, args.ps, args.port))
         return 0
     phases = _sibling(os.path.join("switching", "phases", "launching.py")) if not args.print_tf_config else None
     if phases is not None and phases.wants_phases(args.command):
@@ -256,7 +254,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _sibling(relative: str):
-    """A module of the package next to this file (launch_options.py, switching/phases/launching.py),
+    """A module of the package next to this file (launch_options.py, tf_configs.py,
+    switching/phases/launching.py),
     loaded by path: like this file, those import nothing from the package, so not TensorFlow."""
     import importlib.util
 

@@ -16,7 +16,7 @@ from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from tfsyncmodes import context, faults
+from tfsyncmodes import context, faults, registry
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.keras import make_optimizer
@@ -150,9 +150,14 @@ class ModeStrategy:
         (every process restores, the chief writes), then chief-only checkpoint and TensorBoard
         logging under `model_dir`."""
         callbacks = self.required_callbacks() + faults.callbacks_for(self.config, self.worker_index)
+        if model_dir:
+            usable_directory(model_dir, "argument", "model_dir")
+        phase = self.phase_callback(model_dir)
         if not model_dir:
-            return callbacks
-        usable_directory(model_dir, "argument", "model_dir")
+            return callbacks + ([phase] if phase is not None else [])
+        log_dir = os.path.join(model_dir, "logs")  # one TensorBoard log for a run of phases too
+        if phase is not None:  # a launched phase keeps its backup and checkpoints apart
+            model_dir = phase.phase_dir
         if checkpoint:
             callbacks.insert(0, ResumeFromBackup(os.path.join(model_dir, "backup"), writes=self._backup_writes()))
         if self.is_chief:
@@ -161,8 +166,22 @@ class ModeStrategy:
                 callbacks.append(keras.callbacks.ModelCheckpoint(
                     os.path.join(model_dir, "checkpoint.weights.h5"), save_weights_only=True))
             if tensorboard:
-                callbacks.append(keras.callbacks.TensorBoard(os.path.join(model_dir, "logs")))
+                callbacks.append(keras.callbacks.TensorBoard(log_dir))
+        if phase is not None:  # first: the phase's checkpoint, then a backup of this phase, if any
+            callbacks.insert(0, phase)
         return callbacks
+
+    def phase_callback(self, model_dir: Optional[str] = None):
+        """In a process ``python -m tfsyncmodes.launch`` started for one phase of a
+        ``--mode_schedule`` through async: the callback that runs the phase
+        (:class:`tfsyncmodes.switching.phases.run.PhaseRun`, asked of the switch plans); None
+        otherwise. :meth:`callbacks` and :meth:`fit` add it, so a script runs a schedule
+        through async unchanged."""
+        for name in registry.SWITCH_PLANS.names():
+            callback = registry.SWITCH_PLANS.get(name)().phase_callback(self, model_dir)
+            if callback is not None:
+                return callback
+        return None
 
     def _backup_writes(self):
         """Which process writes the resume backup: the chief (None: the engine decides)."""
@@ -191,11 +210,15 @@ class ModeStrategy:
         return 1 if sys.stdout.isatty() else 2
 
     def with_required_callbacks(self, callbacks: Sequence) -> List:
-        """`callbacks` with the mode's required ones and the fault injection's
-        (:func:`tfsyncmodes.faults.callbacks_for`) in front, unless already there."""
+        """`callbacks` with the mode's required ones, the fault injection's
+        (:func:`tfsyncmodes.faults.callbacks_for`) and a launched phase's (:meth:`phase_callback`)
+        in front, unless already there."""
         callbacks = list(callbacks)
         present = {type(c) for c in callbacks}
         added = self.required_callbacks() + faults.callbacks_for(self.config, self.worker_index)
+        phase = self.phase_callback()  # a launched phase's, unless the caller has it already
+        if phase is not None and type(phase) not in present:
+            added.insert(0, phase)
         return [c for c in added if type(c) not in present] + callbacks
 
     def describe(self) -> str:

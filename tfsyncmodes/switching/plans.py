@@ -12,11 +12,12 @@ built-ins (or imported before ``make_strategy()``).
 from __future__ import annotations
 
 import os
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from tfsyncmodes import schedule
 from tfsyncmodes.registry import SWITCH_PLANS
 from tfsyncmodes.switching.callback import ScheduleSwitch
+from tfsyncmodes.switching.phases.run import PhaseRun, launched_index
 from tfsyncmodes.switching.strategy import make_switching_strategy
 
 PHASE_ENV = "TFSYNC_PHASE"  # set by the launcher in each phase of a schedule through async
@@ -38,6 +39,12 @@ class SwitchPlan:
         del strategy
         return []
 
+    def phase_callback(self, strategy, model_dir: Optional[str]):
+        """In a process a launcher started for one phase of this plan's run: the callback that
+        runs the phase (None: not such a process)."""
+        del strategy, model_dir
+        return None
+
     def make_strategy(self, config, modes: Sequence[str], horovod, tf_config):
         """The strategy of a run this plan switches between `modes`."""
         return make_switching_strategy(config, self, modes, horovod, tf_config)
@@ -55,6 +62,12 @@ class SchedulePlan(SwitchPlan):
             # in that phase's mode only: tfsyncmodes.switching.phases switches between processes.
             return ()
         return schedule.modes(config.mode_schedule)
+
+    def phase_callback(self, strategy, model_dir):
+        """A phase of a schedule through async, started by ``python -m tfsyncmodes.launch``."""
+        if launched_index() is None:
+            return None
+        return PhaseRun(strategy, model_dir)
 
     def callbacks(self, strategy):
         return [ScheduleSwitch(strategy.config.mode_schedule, strategy)]

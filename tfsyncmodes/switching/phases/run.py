@@ -1,37 +1,45 @@
-"""One phase of a launched mode schedule, inside the training script.
+"""One phase of a launched mode schedule, inside any training script: :class:`PhaseRun`.
 
-Before training: every process restores the previous phase's checkpoint (the chief alone in
-async, whose variables are on the ps tasks) and the chief marks the switch in TensorBoard.
-Training: ``fit`` starts at the phase's first epoch (``initial_epoch``, set the way Keras'
-``BackupAndRestore`` sets it) and ends at its last, so epochs and the optimizer's step count
-go on across phases. After training: the chief writes the next checkpoint and appends the
-phase's epochs, each with its mode, to the run's History (``history.json`` in the phase
-directory, and in ``--metrics_file``).
+A Keras callback that ``strategy.callbacks(model_dir)`` (and ``strategy.fit``) add by
+themselves in a process the launcher started for a phase of a ``--mode_schedule`` through
+async, so a user's own script runs such a schedule unchanged:
+
+- before training, every process restores the previous phase's checkpoint (the chief alone in
+  async, whose variables are on the ps tasks), ``fit`` starts at the phase's first epoch (set
+  the way Keras' ``BackupAndRestore`` sets it) and the chief marks the switch in TensorBoard;
+- training stops at the phase's last epoch (``model.stop_training``), so ``fit`` is called
+  with the run's whole ``epochs`` in every phase, and epochs and the optimizer's step count go
+  on across phases;
+- after training the chief writes the next checkpoint and appends the phase's epochs, each
+  with its mode, to the run's History (``history.json`` in the phase directory).
+
+The phase's own backup and checkpoints go to ``phase_dir`` (``<model_dir>/phase-<i>-<mode>``);
+the run keeps one TensorBoard log (``<model_dir>/logs``). With ``eval_data=(x, y)`` the
+phase also records the model's loss on it at its start and end (the switch's continuity).
 """
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
+import tensorflow as tf
 
-from tfsyncmodes.keras.compat import LEGACY, keras
 from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.keras.compat import LEGACY, keras
 from tfsyncmodes.switching.phases import checkpoint, plan
-from tfsyncmodes.switching.phases.plan import PhaseContext
 
 LOG_DIR = "logs"
 
 
-def current(strategy, epochs: int, steps_per_epoch: int) -> Optional["Phase"]:
-    """This process's phase (None outside a launched schedule)."""
-    found = plan.context(strategy.config, epochs, steps_per_epoch)
-    if found is None:
-        return None
-    if LEGACY:
-        raise ConfigError("TF_USE_LEGACY_KERAS", "1", "a schedule through async runs under Keras 3 only",
-                          "unset TF_USE_LEGACY_KERAS")
-    return Phase(found, strategy, steps_per_epoch)
+def launched_index(environ=None) -> Optional[int]:
+    """The phase index the launcher gave this process (None outside a launched schedule;
+    a malformed one is reported when training starts)."""
+    raw = (os.environ if environ is None else environ).get(plan.ENV_PHASE)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return -1
 
 
 def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -42,67 +50,79 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(log_norm - logits[np.arange(len(labels)), labels]))
 
 
-class StartAtPhase(keras.callbacks.Callback):
-    """Starts ``fit`` at the phase's first epoch (a resumed phase's backup may start later)."""
-
-    def __init__(self, start_epoch: int):
-        super().__init__()
-        self.start_epoch = start_epoch
-
-    def on_train_begin(self, logs=None):
-        self.model._initial_epoch = max(self.model._initial_epoch or 0, self.start_epoch) or None
-
-
-class Phase:
+class PhaseRun(keras.callbacks.Callback):
     """The phase this process runs (see the module docstring)."""
 
-    def __init__(self, context: PhaseContext, strategy, steps_per_epoch: int):
-        self.context = context
+    def __init__(self, strategy, base_dir: Optional[str] = None, eval_data=None):
+        super().__init__()
+        if LEGACY:
+            raise ConfigError("TF_USE_LEGACY_KERAS", "1", "a schedule through async runs under Keras 3 only",
+                              "unset TF_USE_LEGACY_KERAS")
         self.strategy = strategy
-        self.steps_per_epoch = steps_per_epoch
-        self.record: Dict[str, object] = {"phase": context.index, "mode": context.phase.mode,
-                                          "start_epoch": context.phase.start_epoch,
-                                          "end_epoch": context.phase.end_epoch}
+        self.base_dir = base_dir
+        self.eval_data = eval_data
+        self.index = launched_index()
+        self.context = None
+        self.record: Dict[str, object] = {}
+        self.run: Dict[str, object] = {}
+
+    @property
+    def phase_dir(self) -> Optional[str]:
+        """This phase's own directory (its resume backup, checkpoints, saved model)."""
+        if not self.base_dir:
+            return None
+        return os.path.join(self.base_dir, f"phase-{self.index}-{self.strategy.mode}")
 
     @property
     def end_epoch(self) -> int:
         return self.context.phase.end_epoch
 
-    def model_dir(self, base: str) -> str:
-        """This phase's own directory (its resume backup, checkpoints, saved model)."""
-        return os.path.join(base, f"phase-{self.context.index}-{self.context.phase.mode}")
+    def on_train_begin(self, logs=None):
+        self.context = plan.context(self.strategy.config, self.params["epochs"], self.params["steps"])
+        phase = self.context.phase
+        self.record = {"phase": self.context.index, "mode": phase.mode,
+                       "start_epoch": phase.start_epoch, "end_epoch": phase.end_epoch}
+        self._restore()
+        self.model._initial_epoch = max(self.model._initial_epoch or 0, phase.start_epoch) or None
 
-    def callbacks(self, base: str) -> List:
-        """Start at the phase's epoch; on the chief, the run's one TensorBoard log."""
-        out = [StartAtPhase(self.context.phase.start_epoch)]
-        if self.strategy.is_chief:
-            out.append(keras.callbacks.TensorBoard(os.path.join(base, LOG_DIR)))
-        return out
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 >= self.end_epoch:
+            self.model.stop_training = True
 
-    def begin(self, model, base: str, x_eval, y_eval) -> None:
-        """Before training: restore the previous phase's state, write the plan (first phase)
-        or the switch marker, and note the loss the phase starts from."""
+    def on_train_end(self, logs=None):
+        self._end(self.model.history)
+
+    def _loss(self) -> Optional[float]:
+        if self.eval_data is None:
+            return None
+        x, y = self.eval_data
+        return cross_entropy(self.model(x, training=False), y)
+
+    def _restore(self) -> None:
+        """Restores the previous phase's state, writes the plan (first phase) or the switch
+        marker, and notes the loss the phase starts from."""
         source = self.context.checkpoint_in()
         if source is not None and (self.strategy.is_chief or self.strategy.mode != "async"):
-            meta = checkpoint.restore(model, source, self.strategy)
+            meta = checkpoint.restore(self.model, source, self.strategy)
             self.record.update(restored_from=os.path.basename(source), restored_step=meta["step"],
                                restored_digest=meta["restored_digest"], written_digest=meta["digest"])
         if not self.strategy.is_chief:
             return
         if self.context.index == 0:
             plan.write_json(os.path.join(self.context.directory, plan.PLAN_FILE), self.context.plan_record())
-        self.record["loss_at_start"] = cross_entropy(model(x_eval, training=False), y_eval)
-        self._mark_switch(os.path.join(base, LOG_DIR, "train"))
+        loss = self._loss()
+        if loss is not None:
+            self.record["loss_at_start"] = loss
+        if self.base_dir:
+            self._mark_switch(os.path.join(self.base_dir, LOG_DIR, "train"))
 
     def _mark_switch(self, logdir: str) -> None:
         """A text summary naming the phase's mode and a ``phase`` scalar, at the phase's first
         epoch (the step Keras' epoch summaries use)."""
-        import tensorflow as tf
-
         phase = self.context.phase
         step = phase.start_epoch
         text = (f"phase {phase.index}: {phase.mode} from epoch {phase.start_epoch} "
-                f"(step {phase.start_epoch * self.steps_per_epoch}) to epoch {phase.end_epoch}")
+                f"(step {phase.start_epoch * self.params['steps']}) to epoch {phase.end_epoch}")
         writer = tf.summary.create_file_writer(logdir)
         with writer.as_default():
             tf.summary.text("mode_switch", text, step=step)
@@ -110,12 +130,14 @@ class Phase:
         writer.flush()
         writer.close()
 
-    def end(self, model, history, x_eval, y_eval) -> None:
+    def _end(self, history) -> None:
         """After training, on the chief: the next checkpoint and this phase's History."""
-        if not self.strategy.is_chief:
+        if not self.strategy.is_chief or self.context is None:
             return
-        self.record["loss_at_end"] = cross_entropy(model(x_eval, training=False), y_eval)
-        meta = checkpoint.save(model, self.context.checkpoint_out(), epoch=self.end_epoch,
+        loss = self._loss()
+        if loss is not None:
+            self.record["loss_at_end"] = loss
+        meta = checkpoint.save(self.model, self.context.checkpoint_out(), epoch=self.end_epoch,
                                mode=self.context.phase.mode, phase=self.context.index)
         self.record.update(step=meta["step"], saved_digest=meta["digest"])
         path = os.path.join(self.context.directory, plan.HISTORY_FILE)
