@@ -41,7 +41,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.tfsyncmodes-install"
 topk_src="$repo/tfsyncmodes/exchange/native/topk_ops.cc"
 topk_lib="$repo/tfsyncmodes/exchange/native/_topk_ops.so"
-inputs=$( (cat "$repo/setup.py" "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$topk_src"; echo "$flavour") | sha256sum | cut -d' ' -f1)
+inputs=$( (cat "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$topk_src"; echo "$flavour") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && [ -f "$topk_lib" ] \
     && "$venv/bin/python" -c 'import horovod.tensorflow, tfsyncmodes' >/dev/null 2>&1; then
   say "already installed in ${venv#$repo/} (delete $stamp to force a reinstall)"

@@ -3,6 +3,7 @@ installed package is the library only (no test bed, no benchmarks) and imports n
 import ast
 import os
 import subprocess
+import tomllib
 
 import pytest
 
@@ -13,25 +14,31 @@ from tests.conftest import PYTHON, REPO, clean_env
 WITHOUT_TENSORFLOW = "import sys\nsys.modules['tensorflow'] = None\n"
 
 
-def setup_call():
-    """The keyword arguments of setup.py's setup(...) call, read without running it."""
-    with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
-    call = next(node for node in ast.walk(tree) if isinstance(node, ast.Call)
-                and getattr(node.func, "id", "") == "setup")
-    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords
-            if kw.arg in ("install_requires", "extras_require")}
+def pyproject():
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as handle:
+        return tomllib.load(handle)
 
 
 def test_tensorflow_comes_from_an_extra_and_scikit_learn_from_examples():
-    setup = setup_call()
-    assert not any(r.startswith(("tensorflow", "scikit-learn")) for r in setup["install_requires"])
-    extras = setup["extras_require"]
+    project = pyproject()["project"]
+    assert not any(r.startswith(("tensorflow", "scikit-learn")) for r in project["dependencies"])
+    extras = project["optional-dependencies"]
     assert extras["cpu"] == ["tensorflow-cpu==2.21.*"] and extras["gpu"] == ["tensorflow==2.21.*"]
     assert "scikit-learn" in extras["examples"]
-    with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as handle:
-        text = handle.read()
-    assert "[build-system]" in text and 'build-backend = "setuptools.build_meta"' in text
+    assert pyproject()["build-system"]["build-backend"] == "setuptools.build_meta"
+
+
+def test_one_version_read_by_the_package_and_the_metadata():
+    """The version is written once (tfsyncmodes/__init__.py); the metadata reads it from there,
+    statically, and the installed distribution reports the same."""
+    import importlib.metadata
+
+    import tfsyncmodes
+
+    assert pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "tfsyncmodes.__version__"}
+    assert "version" not in pyproject()["project"] and "version" in pyproject()["project"]["dynamic"]
+    assert importlib.metadata.version("tfsyncmodes") == tfsyncmodes.__version__
+    assert not os.path.exists(os.path.join(REPO, "setup.py"))
 
 
 @pytest.mark.timeout(60)
@@ -60,16 +67,11 @@ SUPPORT_MODULES = ("netns", "ssh", "sshd", "localrun", "throttle", "testbed", "c
 
 
 def installed_packages():
-    """The packages setup.py's ``find_packages(...)`` call names, evaluated on this checkout."""
+    """The packages pyproject.toml's ``[tool.setuptools.packages.find]`` names, evaluated on this
+    checkout."""
     from setuptools import find_packages
 
-    with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
-    call = next(node for node in ast.walk(tree) if isinstance(node, ast.Call)
-                and getattr(node.func, "id", "") == "setup")
-    packages = next(kw.value for kw in call.keywords if kw.arg == "packages")
-    assert getattr(packages.func, "id", "") == "find_packages", ast.dump(packages)
-    return find_packages(REPO, **{kw.arg: ast.literal_eval(kw.value) for kw in packages.keywords})
+    return find_packages(REPO, **pyproject()["tool"]["setuptools"]["packages"]["find"])
 
 
 def installed_modules():
@@ -108,3 +110,14 @@ def test_no_module_of_the_package_imports_test_or_benchmark_support():
     found = [f"{name} imports {imported}" for name, path in installed_modules()
              for imported in imported_names(path) if imported.split(".")[0] in SUPPORT]
     assert not found, found
+
+
+@pytest.mark.timeout(120)
+def test_the_launcher_is_a_console_command():
+    scripts = pyproject()["project"]["scripts"]
+    assert scripts["tfsyncmodes-launch"] == "tfsyncmodes.launch:main"
+    command = os.path.join(os.path.dirname(PYTHON), "tfsyncmodes-launch")
+    result = subprocess.run([command, "--print-tf-config", "--hosts", "a,b", "--workers", "1", "--ps", "1"],
+                            capture_output=True, text=True, timeout=100, env=clean_env(), cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert '"task":{"type":"chief","index":0}' in result.stdout
