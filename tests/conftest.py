@@ -21,7 +21,12 @@ OWNER_VAR, OWNER = "TFSYNCMODES_TEST_OWNER", str(os.getpid())
 
 
 def clean_env(**extra):
-    """The test process's environment without cluster or mode settings, plus `extra`."""
+    """The test process's environment without cluster or mode settings, plus `extra`.
+
+    PYTHONPATH is the repository: that is how every process a test starts (workers in
+    tests/workers/, benchmarks run as ``python -m benchmarks.NAME``) imports ``tests``,
+    ``tfsync_testbed``, ``benchmarks`` and this checkout's tfsyncmodes; none of them puts a path
+    on ``sys.path`` itself."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TFSYNC_", "HOROVOD_", "OMPI_", "PMI_")) and k not in ("TF_CONFIG",)}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
