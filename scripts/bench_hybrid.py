@@ -93,9 +93,9 @@ def measure_compression(hvd, size: int, local_model, xb, yb) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from tfsyncmodes.exchange.compressors import TopKCompressor
+    from tfsyncmodes.exchange.compressors import TopK
     from tfsyncmodes.exchange.flat import TensorContext
-    from tfsyncmodes.exchange.memory import ResidualMemory
+    from tfsyncmodes.exchange.memory import ErrorFeedback
     from tfsyncmodes.exchange.topk import CANDIDATE_MARGIN, load_native
 
     flat = tf.constant(np.random.default_rng(2).standard_normal(size).astype("float32"))
@@ -103,8 +103,8 @@ def measure_compression(hvd, size: int, local_model, xb, yb) -> dict:
     implementations = ["native", "ops"] if load_native() is not None else ["ops"]
     calls = {}
     for implementation in implementations:
-        compressor = TopKCompressor(ratio=FLAGS.topk_ratio, implementation=implementation)
-        memory = ResidualMemory()
+        compressor = TopK(ratio=FLAGS.topk_ratio, implementation=implementation)
+        memory = ErrorFeedback()
         memory.build(ctx, lambda name, shape, dtype: tf.Variable(tf.zeros(shape, dtype), trainable=False))
 
         def compress_decompress(update, compressor=compressor):
@@ -120,7 +120,7 @@ def measure_compression(hvd, size: int, local_model, xb, yb) -> dict:
         calls[f"{implementation}.compress_decompress"] = (tf.function(compress_decompress), (flat,))
         calls[f"{implementation}.with_error_feedback"] = (tf.function(with_error_feedback), (flat,))
     # Where the time goes: each stage alone, on the inputs it sees in a real call.
-    k = TopKCompressor(ratio=FLAGS.topk_ratio, implementation="ops").k(size)
+    k = TopK(ratio=FLAGS.topk_ratio, implementation="ops").k(size)
     magnitudes = np.sort(np.abs(flat.numpy()))
     threshold = tf.constant(magnitudes[-int(CANDIDATE_MARGIN * k)])
     mask = tf.abs(flat) >= threshold
