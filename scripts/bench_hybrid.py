@@ -257,11 +257,11 @@ def worker(out_path: str) -> None:
     # (a) bytes per step from the payloads, and (b) the cost of compressing.
     first = new_model("bytes")
     first.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0, callbacks=quiet)
-    traffic = first.optimizer.exchange.find(CrossGroupPolicy)[0].link.traffic
+    link = first.optimizer.exchange.find(CrossGroupPolicy)[0].link
     history = first.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0, callbacks=quiet)
     results["bytes_sent_per_step"] = history.history["bytes_sent"][-1]
-    results["dense_bytes_per_step"] = traffic.dense_bytes
-    results["parameters"] = size = traffic.dense_bytes // 4
+    results["dense_bytes_per_step"] = link.dense_bytes
+    results["parameters"] = size = link.dense_bytes // 4
     results["sync_step_s"] = []
     for _ in range(3):
         hvd.allreduce(tf.constant(0.0), name="bench.barrier")
