@@ -60,9 +60,9 @@ def main(argv):
 
         def on_train_batch_end(self, batch, logs=None):
             found = links(self.model.optimizer)
-            applied = getattr(found[0].transport, "applied", None) if found else None
+            applied = found[0].rounds_applied() if found else None
             if applied is not None:
-                self.after_step.append(int(applied.numpy()))
+                self.after_step.append(applied)
 
     strategy = tfsyncmodes.make_strategy("hybrid")
     base = strategy.config
@@ -104,7 +104,7 @@ def main(argv):
                  groups=np.array(strategy.layout.groups), group=strategy.group_index,
                  bytes_sent=history.history.get("bytes_sent", [-1.0])[-1],
                  compression_ratio=history.history.get("compression_ratio", [-1.0])[-1],
-                 dense_bytes=found[0].traffic.dense_bytes if found else 0,
+                 dense_bytes=found[0].dense_bytes if found else 0,
                  schedule=np.array(rounds.after_step, np.int64),
                  lag=history.history.get("cross_group_lag", [-1.0])[-1],
                  optimizer_class=type(model.optimizer).__name__, groups_knob=base.groups,
