@@ -1,5 +1,6 @@
-"""The strategy owns the configuration: wrap() follows the strategy made from the command
-line of a script that never parsed absl flags; a contradicting mode is an error; the exchange's
+"""The strategy owns the configuration: wrap() in its scope follows the strategy made from the
+command line of a script that never parsed absl flags (outside every scope, a hybrid wrap without
+the strategy's groups is an error); a contradicting mode is an error; the exchange's
 state is optimizer state that model.save / load_model carry into a fresh job."""
 import json
 import os
@@ -30,6 +31,7 @@ def test_argparse_script_under_horovodrun_wraps_in_the_strategys_mode(legacy):
         assert r["epochs"] == 3  # the script's own argument survives
         assert r["class"] == ("SyncSGD" if legacy else "SyncOptimizer")
         assert "'sync'" in r["contradiction"] and "'hybrid'" in r["contradiction"]
+        assert "no hybrid strategy's scope is active" in r["unscoped"]
 
 
 @pytest.mark.timeout(300)
