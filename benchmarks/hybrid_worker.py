@@ -19,9 +19,9 @@ def measure_compression(hvd, size: int, local_model, xb, yb) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from tfsyncmodes.exchange.compressors import TopKCompressor
+    from tfsyncmodes.exchange.compressors import TopK
     from tfsyncmodes.exchange.flat import TensorContext
-    from tfsyncmodes.exchange.memory import ResidualMemory
+    from tfsyncmodes.exchange.memory import ErrorFeedback
     from tfsyncmodes.exchange.topk import CANDIDATE_MARGIN, load_native
 
     flat = tf.constant(np.random.default_rng(2).standard_normal(size).astype("float32"))
@@ -29,8 +29,8 @@ def measure_compression(hvd, size: int, local_model, xb, yb) -> dict:
     implementations = ["native", "ops"] if load_native() is not None else ["ops"]
     calls = {}
     for implementation in implementations:
-        compressor = TopKCompressor(ratio=FLAGS.topk_ratio, implementation=implementation)
-        memory = ResidualMemory()
+        compressor = TopK(ratio=FLAGS.topk_ratio, implementation=implementation)
+        memory = ErrorFeedback()
         memory.build(ctx, lambda name, shape, dtype: tf.Variable(tf.zeros(shape, dtype), trainable=False))
 
         def compress_decompress(update, compressor=compressor):
@@ -46,7 +46,7 @@ def measure_compression(hvd, size: int, local_model, xb, yb) -> dict:
         calls[f"{implementation}.compress_decompress"] = (tf.function(compress_decompress), (flat,))
         calls[f"{implementation}.with_error_feedback"] = (tf.function(with_error_feedback), (flat,))
     # Where the time goes: each stage alone, on the inputs it sees in a real call.
-    k = TopKCompressor(ratio=FLAGS.topk_ratio, implementation="ops").k(size)
+    k = TopK(ratio=FLAGS.topk_ratio, implementation="ops").k(size)
     magnitudes = np.sort(np.abs(flat.numpy()))
     threshold = tf.constant(magnitudes[-int(CANDIDATE_MARGIN * k)])
     mask = tf.abs(flat) >= threshold
@@ -183,11 +183,11 @@ def worker(out_path: str) -> None:
     # (a) bytes per step from the payloads, and (b) the cost of compressing.
     first = new_model("bytes")
     first.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0, callbacks=quiet)
-    traffic = first.optimizer.exchange.find(CrossGroupPolicy)[0].link.traffic
+    link = first.optimizer.exchange.find(CrossGroupPolicy)[0].link
     history = first.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0, callbacks=quiet)
     results["bytes_sent_per_step"] = history.history["bytes_sent"][-1]
-    results["dense_bytes_per_step"] = traffic.dense_bytes
-    results["parameters"] = size = traffic.dense_bytes // 4
+    results["dense_bytes_per_step"] = link.dense_bytes
+    results["parameters"] = size = link.dense_bytes // 4
     results["sync_step_s"] = []
     for _ in range(3):
         hvd.allreduce(tf.constant(0.0), name="bench.barrier")

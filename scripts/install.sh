@@ -135,7 +135,7 @@ build_topk_ops() {
     return 1
   fi
   mv "$topk_lib.tmp" "$topk_lib" \
-    && "$venv/bin/python" -c 'from tfsyncmodes.exchange.topk import TopK; TopK("native")' >/dev/null 2>&1
+    && "$venv/bin/python" -c 'from tfsyncmodes.exchange.topk import TopKSelection; TopKSelection("native")' >/dev/null 2>&1
 }
 say "compiling the Top-K kernels (tfsyncmodes/exchange/native)"
 if ! build_topk_ops; then

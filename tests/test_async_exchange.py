@@ -13,12 +13,13 @@ def resolved(**values):
 def test_clip_then_staleness_and_decay_scaling_equal_numpy():
     import tensorflow as tf
 
-    from tfsyncmodes.exchange.staleness import StepVersion, async_exchange
+    from tfsyncmodes.exchange.recipes import async_exchange
+    from tfsyncmodes.exchange.version import StepVersion
 
     rng = np.random.default_rng(0)
     grads = [rng.standard_normal((4, 3)).astype("float32"), rng.standard_normal(3).astype("float32")]
     knobs = resolved(mode="async", clip_norm=0.5, staleness_aware_lr=True, lr_decay=0.1)
-    version = StepVersion(knobs)
+    version = StepVersion()
     version.iterations = tf.Variable(2, dtype=tf.int64)
     version.begin_step()                  # the step reads the variables at update count 2 ...
     version.iterations.assign_add(5)      # ... and 5 updates land before it writes
@@ -36,7 +37,7 @@ def test_clip_then_staleness_and_decay_scaling_equal_numpy():
 def test_remedies_off_is_the_identity():
     import tensorflow as tf
 
-    from tfsyncmodes.exchange.staleness import async_exchange
+    from tfsyncmodes.exchange.recipes import async_exchange
 
     grads = [tf.constant([3.0, -4.0])]
     out = async_exchange(resolved(mode="async", staleness_aware_lr=False)).transform(grads, variables=None)

@@ -1,6 +1,6 @@
 """Async mode's SSP drop (--max_staleness) and DC-ASGD delay compensation (--delay_compensation).
 
-* In process, the parts of :func:`async_exchange` against NumPy, composed with clipping and the
+* In process, the parts of :func:`~tfsyncmodes.exchange.recipes.async_exchange` against NumPy, composed with clipping and the
   two scalings in the documented order.
 * Bad values: one line, exit status 2, before TensorFlow.
 * On real local PS clusters (2 workers, 1 ps), Keras 3 and tf_keras, one cluster each
@@ -64,7 +64,8 @@ def numpy_chain(g, w_read, w_now, staleness, step, lam, clip, bound, aware, deca
 def test_parts_compose_in_order_and_equal_numpy(staleness, bound):
     import tensorflow as tf
 
-    from tfsyncmodes.exchange.staleness import StepVersion, async_exchange
+    from tfsyncmodes.exchange.recipes import async_exchange
+    from tfsyncmodes.exchange.version import StepVersion
 
     rng = np.random.default_rng(staleness + 10 * (bound + 1))
     shapes = [(4, 3), (3,)]
@@ -74,7 +75,7 @@ def test_parts_compose_in_order_and_equal_numpy(staleness, bound):
     variables = [tf.Variable(w) for w in w_read]
     knobs = resolved(mode="async", clip_norm=2.0, staleness_aware_lr=True, lr_decay=0.1,
                      max_staleness=bound, delay_compensation=0.3)
-    version = StepVersion(knobs)
+    version = StepVersion()
     version.iterations = tf.Variable(2, dtype=tf.int64)
     chain = async_exchange(knobs, version=version)
     counters = []
@@ -105,10 +106,11 @@ def test_parts_compose_in_order_and_equal_numpy(staleness, bound):
 def test_compensation_alone_and_no_movement_is_the_identity():
     import tensorflow as tf
 
-    from tfsyncmodes.exchange.staleness import StepVersion, async_exchange
+    from tfsyncmodes.exchange.recipes import async_exchange
+    from tfsyncmodes.exchange.version import StepVersion
 
     knobs = resolved(mode="async", staleness_aware_lr=False, delay_compensation=0.04)
-    version = StepVersion(knobs)
+    version = StepVersion()
     version.iterations = tf.Variable(0, dtype=tf.int64)
     chain = async_exchange(knobs, version=version)
     variable = tf.Variable([1.0, -2.0])
@@ -125,7 +127,7 @@ def test_compensation_alone_and_no_movement_is_the_identity():
 
 def test_defaults_keep_todays_chain():
     from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
-    from tfsyncmodes.exchange.staleness import async_exchange
+    from tfsyncmodes.exchange.recipes import async_exchange
 
     knobs = resolved(mode="async")
     assert (knobs.max_staleness, knobs.delay_compensation) == (-1, 0.0)

@@ -25,10 +25,10 @@ def ctx(size):
 
 @pytest.mark.parametrize("size, ratio", [(18, 0.25), (1000, 0.01), (300_000, 0.01), (300_000, 0.001)])
 def test_topk_selects_the_largest_entries_and_round_trips(size, ratio):
-    from tfsyncmodes.exchange.compressors import TopKCompressor, payload_bytes
+    from tfsyncmodes.exchange.compressors import TopK, payload_bytes
 
     flat = np.random.default_rng(size).standard_normal(size).astype(np.float32)
-    compressor = TopKCompressor(ratio=ratio)
+    compressor = TopK(ratio=ratio)
     values, indices = compressor.compress(tf.constant(flat), ctx(size))
     want_values, want_indices = reference.topk_compress(flat, ratio)
     assert indices.dtype == tf.int32 and len(indices) == len(want_indices) == compressor.k(size)
@@ -41,25 +41,25 @@ def test_topk_selects_the_largest_entries_and_round_trips(size, ratio):
 
 
 def test_topk_is_exact_when_the_sampled_threshold_keeps_too_few():
-    from tfsyncmodes.exchange.compressors import TopKCompressor
+    from tfsyncmodes.exchange.compressors import TopK
 
     # Every sampled entry (stride 15) is large, so the threshold from the sample keeps about
     # 1.3 % of the sample's entries only: fewer than k, and the full top_k must take over.
     size = 300_000
     flat = np.random.default_rng(5).standard_normal(size).astype(np.float32)
     flat[::15] += 100.0
-    compressor = TopKCompressor(ratio=0.01)
+    compressor = TopK(ratio=0.01)
     values, indices = compressor.compress(tf.constant(flat), ctx(size))
     assert set(indices.numpy().tolist()) == set(reference.topk_compress(flat, 0.01)[1].tolist())
     np.testing.assert_array_equal(values.numpy(), flat[indices.numpy()])
 
 
 def test_sparse_payloads_of_several_ranks_decompress_to_their_sum():
-    from tfsyncmodes.exchange.compressors import TopKCompressor
+    from tfsyncmodes.exchange.compressors import TopK
 
     rng = np.random.default_rng(3)
     parts = [rng.standard_normal(500).astype(np.float32) for _ in range(3)]
-    compressor = TopKCompressor(ratio=0.1)
+    compressor = TopK(ratio=0.1)
     payloads = [compressor.compress(tf.constant(p), ctx(500)) for p in parts]
     concatenated = tuple(tf.concat([p[i] for p in payloads], 0) for i in range(2))
     want = sum(reference.topk_decompress(*reference.topk_compress(p, 0.1), 500) for p in parts)
@@ -67,11 +67,11 @@ def test_sparse_payloads_of_several_ranks_decompress_to_their_sum():
 
 
 def test_fp16_round_trip_is_within_its_bound_and_halves_the_bytes():
-    from tfsyncmodes.exchange.compressors import FP16Compressor, payload_bytes
+    from tfsyncmodes.exchange.compressors import FP16, payload_bytes
 
     flat = (np.random.default_rng(5).standard_normal(10_000) * 10.0 ** np.random.default_rng(6).uniform(
         -4, 3.5, 10_000)).astype(np.float32)
-    compressor = FP16Compressor()
+    compressor = FP16()
     payload = compressor.compress(tf.constant(flat), ctx(flat.size))
     back = compressor.decompress(payload, ctx(flat.size)).numpy()
     np.testing.assert_array_equal(back, flat.astype(np.float16).astype(np.float32))
@@ -84,13 +84,11 @@ def test_fp16_round_trip_is_within_its_bound_and_halves_the_bytes():
 
 @pytest.mark.parametrize("compression", ["topk", "fp16"])
 def test_error_feedback_keeps_exactly_the_dropped_mass(compression):
-    from tfsyncmodes.exchange import memory
-
-    from tfsyncmodes.registry import COMPRESSORS
+    from tfsyncmodes.exchange import recipes
 
     config = config_lib.resolve({"compression": compression, "topk_ratio": 0.05}, environ={}, use_flags=False)
-    compressor = COMPRESSORS.get(compression)(config)
-    residual = memory.for_config(config, compressor)
+    compressor = recipes.compressor(config)
+    residual = recipes.memory(config, compressor)
     flat = ctx(400)
     residual.build(flat, lambda name, shape, dtype: tf.Variable(tf.zeros(shape, dtype)))
     rng = np.random.default_rng(9)
@@ -167,7 +165,7 @@ def test_bad_hybrid_knobs_name_source_field_and_fix(environ, words):
 
 
 def test_elastic_alpha_is_the_papers_by_default_and_keeps_the_center_within_the_groups():
-    from tfsyncmodes.exchange.elastic import elastic_alpha
+    from tfsyncmodes.exchange.recipes import elastic_alpha
 
     assert config_lib.resolve({"cross_group": "elastic"}, environ={}, use_flags=False).cross_group == "elastic"
     default = config_lib.resolve({}, environ={}, use_flags=False)

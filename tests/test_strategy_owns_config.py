@@ -1,6 +1,6 @@
-"""The strategy owns the configuration: wrap() inside its scope follows the strategy made from
-the command line of a script that never parsed absl flags, and outside every scope nothing
-remembers it (hybrid there is one clear error); a contradicting mode is an error; the exchange's
+"""The strategy owns the configuration: wrap() in its scope follows the strategy made from the
+command line of a script that never parsed absl flags (outside every scope, a hybrid wrap without
+the strategy's groups is an error); a contradicting mode is an error; the exchange's
 state is optimizer state that model.save / load_model carry into a fresh job."""
 import json
 import os
@@ -27,11 +27,11 @@ def test_argparse_script_under_horovodrun_wraps_in_the_strategys_mode(legacy):
     for r in out:
         assert r["strategy_mode"] == "hybrid" and r["sources"]["mode"] == "flag"
         assert r["group_size"] == 1 and r["sources"]["group_size"] == "flag"
-        assert r["in_scope"] == "hybrid" and r["same_config"]
-        assert "no hybrid strategy's scope is active" in r["outside"] and "strategy.scope()" in r["outside"]
+        assert r["in_scope"] == r["outside"] == "hybrid" and r["same_config"]
         assert r["epochs"] == 3  # the script's own argument survives
         assert r["class"] == ("SyncSGD" if legacy else "SyncOptimizer")
         assert "'sync'" in r["contradiction"] and "'hybrid'" in r["contradiction"]
+        assert "no hybrid strategy's scope is active" in r["unscoped"]
 
 
 @pytest.mark.timeout(300)

@@ -13,9 +13,9 @@ IMPLEMENTATIONS = ["native", "ops"]
 
 
 def compressor(implementation, ratio):
-    from tfsyncmodes.exchange.compressors import TopKCompressor
+    from tfsyncmodes.exchange.compressors import TopK
 
-    return TopKCompressor(ratio=ratio, implementation=implementation)
+    return TopK(ratio=ratio, implementation=implementation)
 
 
 def ctx(size):
@@ -27,7 +27,7 @@ def ctx(size):
 def check_exact(implementation, flat, ratio, graph=False):
     """The payload is the stable-sort Top-K of `flat` and decompresses to NumPy's scatter."""
     topk = compressor(implementation, ratio)
-    assert topk.topk.implementation == implementation
+    assert topk.implementation == implementation
     size = flat.size
     compress = tf.function(topk.compress) if graph else topk.compress
     values, indices = compress(tf.constant(flat), ctx(size))
@@ -57,11 +57,11 @@ SAMPLES = {"native": native_sample_positions, "ops": ops_sample_positions}
 
 
 def test_the_compiled_kernels_are_built_and_auto_takes_them():
-    from tfsyncmodes.exchange.topk import TopK
+    from tfsyncmodes.exchange.topk import TopKSelection
 
-    assert TopK("auto").implementation == "native"  # scripts/install.sh built them
+    assert TopKSelection("auto").implementation == "native"  # scripts/install.sh built them
     with pytest.raises(ValueError, match="use one of auto, native, ops"):
-        TopK("fast")
+        TopKSelection("fast")
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
@@ -137,10 +137,10 @@ def test_native_decompression_refuses_an_index_outside_the_update():
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_error_feedback_keeps_exactly_what_was_not_sent(implementation):
-    from tfsyncmodes.exchange.memory import ResidualMemory
+    from tfsyncmodes.exchange.memory import ErrorFeedback
 
     size, ratio = 300_000, 0.01
-    topk, memory, flat = compressor(implementation, ratio), ResidualMemory(), ctx(size)
+    topk, memory, flat = compressor(implementation, ratio), ErrorFeedback(), ctx(size)
     memory.build(flat, lambda name, shape, dtype: tf.Variable(tf.zeros(shape, dtype)))
     rng = np.random.default_rng(11)
     kept = np.zeros(size, np.float32)

@@ -2,8 +2,10 @@
 
     horovodrun -np 4 python hybrid_steps.py OUTDIR SCENARIOS_JSON [--steps=N] [--optimizer=sgd]
 
-SCENARIOS_JSON maps a scenario name to knob overrides (compression, staleness, ...). The
-groups come from the environment (TFSYNC_GROUP_SIZE / TFSYNC_GROUPS). Every rank gets its own
+SCENARIOS_JSON maps a scenario name to knob overrides (compression, staleness, ...), or to
+{"composed": SETTINGS}: a periodic exchange composed in Python from typed parts (see
+composed_exchange), passed as strategy.wrap(optimizer, exchange=...). The groups come from the
+environment (TFSYNC_GROUP_SIZE / TFSYNC_GROUPS). Every rank gets its own
 rows of a dataset every process can rebuild from the seed, and starts from its own weights,
 so equal results prove the initial broadcast. Saves OUTDIR/<scenario>.rank<R>.npz.
 """
@@ -15,6 +17,19 @@ import time
 import numpy as np
 
 from tests import reference
+
+
+def composed_exchange(groups, settings):
+    """Periodic averaging over `groups`, composed by hand: Top-K (`topk_ratio`) with error
+    feedback, `period`, and the outer step `outer` ("average", or "nesterov" with `outer_lr`
+    and `outer_momentum`)."""
+    from tfsyncmodes.exchange import (AverageOuter, NesterovOuter, PeriodicAverage, TopK, cross_group_link,
+                                      hybrid_chain)
+
+    link = cross_group_link(groups, TopK(ratio=settings["topk_ratio"]))
+    outer = (NesterovOuter(lr=settings["outer_lr"], momentum=settings["outer_momentum"])
+             if settings.get("outer") == "nesterov" else AverageOuter())
+    return hybrid_chain(groups, PeriodicAverage(link, period=settings["period"], outer=outer))
 
 
 def main(argv):
@@ -58,9 +73,9 @@ def main(argv):
 
         def on_train_batch_end(self, batch, logs=None):
             found = links(self.model.optimizer)
-            applied = getattr(found[0].transport, "applied", None) if found else None
+            applied = found[0].rounds_applied() if found else None
             if applied is not None:
-                self.after_step.append(int(applied.numpy()))
+                self.after_step.append(applied)
 
     strategy = tfsyncmodes.make_strategy("hybrid")
     base = strategy.config
@@ -72,6 +87,8 @@ def main(argv):
         return tf.data.Dataset.from_tensor_slices((x[:, rank], y[:, rank])).unbatch().batch(reference.BATCH)
 
     for name, overrides in json.loads(args.scenarios).items():
+        overrides = dict(overrides)
+        composed = overrides.pop("composed", None)
         knobs = config_lib.resolve(dict(overrides, mode="hybrid"), environ={
             k: v for k, v in os.environ.items() if k.startswith("TFSYNC_")}, use_flags=False)
         with strategy.scope():
@@ -81,7 +98,9 @@ def main(argv):
             initial = [np.array(w) for w in model.get_weights()]
             inner = (keras.optimizers.SGD(reference.LR) if args.optimizer == "sgd"
                      else keras.optimizers.Adam(reference.LR))
-            model.compile(optimizer=tfsyncmodes.wrap(inner, config=knobs), loss="mse", jit_compile=False)
+            optimizer = (strategy.wrap(inner, exchange=composed_exchange(strategy.groups, composed))
+                         if composed is not None else tfsyncmodes.wrap(inner, config=knobs))
+            model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
         rounds = RoundsApplied()
         # A scenario's own straggler (--slow_worker among its knobs), after the required callbacks.
         factor = slow_worker_factor(knobs, rank)
@@ -102,7 +121,7 @@ def main(argv):
                  groups=np.array(strategy.layout.groups), group=strategy.group_index,
                  bytes_sent=history.history.get("bytes_sent", [-1.0])[-1],
                  compression_ratio=history.history.get("compression_ratio", [-1.0])[-1],
-                 dense_bytes=found[0].traffic.dense_bytes if found else 0,
+                 dense_bytes=found[0].dense_bytes if found else 0,
                  schedule=np.array(rounds.after_step, np.int64),
                  lag=history.history.get("cross_group_lag", [-1.0])[-1],
                  optimizer_class=type(model.optimizer).__name__, groups_knob=base.groups,

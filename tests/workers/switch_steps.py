@@ -62,8 +62,8 @@ def main(argv):
             self.end.append(flat(self.model))
             self.modes.append(float(logs["mode"]))
             policies = self.model.optimizer.exchange.find(CrossGroupPolicy)
-            applied = getattr(policies[0].link.transport, "applied", None) if policies else None
-            self.applied.append(int(applied.numpy()) if applied is not None else -1)
+            applied = policies[0].link.rounds_applied() if policies else None
+            self.applied.append(applied if applied is not None else -1)
 
     for name in args.optimizers.split(","):
         with strategy.scope():

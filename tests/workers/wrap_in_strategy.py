@@ -18,18 +18,19 @@ strategy = tfsyncmodes.make_strategy()
 in_scope = None
 with strategy.scope():
     in_scope = tfsyncmodes.wrap(keras.optimizers.SGD(0.1))
-try:  # outside every scope nothing remembers the strategy: hybrid's groups are the strategy's
-    outside = tfsyncmodes.wrap(keras.optimizers.SGD(0.1)).sync_config.mode
-except ConfigError as error:
-    outside = str(error)
-try:
-    with strategy.scope():
+    try:
         tfsyncmodes.wrap(keras.optimizers.SGD(0.1), "sync")
-    contradiction = None
+        contradiction = None
+    except ConfigError as error:
+        contradiction = str(error)
+outside = strategy.wrap(keras.optimizers.SGD(0.1))  # the strategy's own wrap needs no scope
+try:  # outside every scope the knobs are resolved now: hybrid then lacks the strategy's groups
+    tfsyncmodes.wrap(keras.optimizers.SGD(0.1))
+    unscoped = None
 except ConfigError as error:
-    contradiction = str(error)
+    unscoped = str(error)
 print("RESULT " + json.dumps({
     "rank": strategy.worker_index, "strategy_mode": strategy.mode, "sources": dict(strategy.config.sources),
     "group_size": strategy.config.group_size, "in_scope": in_scope.sync_config.mode,
-    "outside": outside, "same_config": in_scope.sync_config is strategy.config,
-    "contradiction": contradiction, "epochs": args.epochs, "class": type(in_scope).__name__}), flush=True)
+    "outside": outside.sync_config.mode, "same_config": in_scope.sync_config is strategy.config,
+    "contradiction": contradiction, "unscoped": unscoped, "epochs": args.epochs, "class": type(in_scope).__name__}), flush=True)

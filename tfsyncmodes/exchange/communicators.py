@@ -1,14 +1,22 @@
-"""Communicators: how gradients and payloads cross processes.
+"""Communicators: how gradients, payloads and values cross processes. This is the one module of
+the exchange and the Keras glue that calls Horovod's collectives; every other part asks here.
 
-:class:`HorovodAllreduce` is a part (dense mean over a process set, every step).
-A cross-group communicator's contract is ``send_receive(payload, compressor, ctx, name,
-everyone=False) -> the sum of the other groups' updates`` (with `everyone`, of every group's,
-this one's included, summed in the same order on every rank); decompressed, dense float32. It
-may run as many collective rounds as it needs.
+- world-wide helpers over all Horovod ranks (:func:`world_mean`, :func:`world_average`,
+  :func:`world_allgather`, :func:`broadcast_variables`), and :func:`group_min` over a process set;
+- :class:`HorovodAllreduce`, a part: the dense mean over a process set, every step;
+- cross-group communicators, whose contract is ``send_receive(payload, compressor, ctx, name,
+  everyone=False) -> the sum of the other groups' updates`` (with `everyone`, of every group's,
+  this one's included, summed in the same order on every rank), decompressed, dense float32.
+  One may run as many collective rounds as it needs.
+
+Horovod is imported in the functions that call it, so that importing the exchange does not
+need it.
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
+
+import tensorflow as tf
 
 from tfsyncmodes.exchange.base import Part, densify
 
@@ -26,15 +34,12 @@ def horovod_world() -> Tuple[int, int]:
 def under_tf_distribute() -> bool:
     """Whether a tf.distribute strategy's scope or replica context is active (it reduces
     gradients itself)."""
-    import tensorflow as tf
-
     return tf.distribute.has_strategy()
 
 
 def world_mean(tensors: Sequence, name: str) -> list:
     """The mean of every tensor over all Horovod ranks, in one grouped allreduce."""
     import horovod.tensorflow as hvd
-    import tensorflow as tf
 
     return hvd.grouped_allreduce([tf.convert_to_tensor(t) for t in tensors], op=hvd.Average,
                                  process_set=hvd.global_process_set, name=name)
@@ -46,6 +51,14 @@ def assign_world_mean(variables: Sequence, name: str) -> None:
         variable.assign(mean)
 
 
+def world_average(tensor, name: str) -> tf.Tensor:
+    """The mean of one tensor over all Horovod ranks (one allreduce of its own)."""
+    import horovod.tensorflow as hvd
+
+    return hvd.allreduce(tf.convert_to_tensor(tensor), op=hvd.Average,
+                         process_set=hvd.global_process_set, name=name)
+
+
 def world_allgather(tensor, name: str):
     """`tensor` of every Horovod rank, concatenated along the first axis in rank order."""
     import horovod.tensorflow as hvd
@@ -53,12 +66,33 @@ def world_allgather(tensor, name: str):
     return hvd.allgather(tensor, name=name, process_set=hvd.global_process_set)
 
 
+def broadcast_variables(variables: Sequence, root_rank: int, name: str, process_set=None) -> None:
+    """Every variable set to rank `root_rank`'s value, one broadcast each (over `process_set`;
+    None: all ranks)."""
+    import horovod.tensorflow as hvd
+
+    kwargs = {} if process_set is None else {"process_set": process_set}
+    for index, variable in enumerate(variables):
+        variable.assign(hvd.broadcast(tf.convert_to_tensor(variable), root_rank,
+                                      name=f"{name}.{index}", **kwargs))
+
+
+def group_min(value, process_set, name: str) -> tf.Tensor:
+    """The minimum of `value` over the ranks of `process_set` (None: this rank's alone)."""
+    if process_set is None:
+        return value
+    import horovod.tensorflow as hvd
+
+    return hvd.allreduce(value, op=hvd.Min, process_set=process_set, name=name)
+
+
 class HorovodAllreduce(Part):
     """Averages every gradient across the ranks of a Horovod process set in one grouped call.
 
-    Horovod's fusion buffer packs the group into few messages, as its own
-    DistributedOptimizer does. ``None`` gradients (variables the loss does not reach) are left
-    out of the exchange and stay ``None`` on every rank.
+    `process_set`: the ranks that average (None: all of them). Horovod's fusion buffer packs
+    the group into few messages, as its own DistributedOptimizer does. ``None`` gradients
+    (variables the loss does not reach) are left out of the exchange and stay ``None`` on
+    every rank.
     """
 
     def __init__(self, process_set=None):
@@ -88,7 +122,7 @@ class CrossGroupCommunicator:
     sums in group order. ``None`` as process set: a single group, nothing to exchange.
     """
 
-    def __init__(self, process_set, group_order, own: int):
+    def __init__(self, process_set, group_order: Sequence[int], own: int):
         self.process_set = process_set
         self.group_order = list(group_order)
         self.own = own
@@ -100,23 +134,24 @@ class CrossGroupCommunicator:
     def send_receive(self, payload, compressor, ctx, name: str, everyone: bool = False):
         raise NotImplementedError
 
+    def _alone(self, payload, compressor, ctx, everyone: bool):
+        return compressor.decompress(tuple(payload), ctx) if everyone else tf.zeros([ctx.size], tf.float32)
+
 
 class CrossGroupAllgather(CrossGroupCommunicator):
     """For sparse payloads (Top-K): each rank's indices differ, so values and int32 indices
     are allgathered and the other groups' rows decompressed (entries sharing an index add)."""
 
     def send_receive(self, payload, compressor, ctx, name, everyone=False):
-        import tensorflow as tf
-
         if self.process_set is None:
-            return compressor.decompress(tuple(payload), ctx) if everyone else tf.zeros([ctx.size], tf.float32)
+            return self._alone(payload, compressor, ctx, everyone)
         import horovod.tensorflow as hvd
 
         others = [p for g, p in enumerate(self.group_order) if everyone or g != self.own]
         gathered = []
         for i, tensor in enumerate(payload):
-            everyone = hvd.allgather(tensor, name=f"{name}.{i}", process_set=self.process_set)
-            rows = tf.reshape(everyone, [self.num_groups, -1])
+            every = hvd.allgather(tensor, name=f"{name}.{i}", process_set=self.process_set)
+            rows = tf.reshape(every, [self.num_groups, -1])
             gathered.append(tf.reshape(tf.gather(rows, others), [-1]))
         return compressor.decompress(tuple(gathered), ctx)
 
@@ -126,10 +161,8 @@ class CrossGroupAllreduce(CrossGroupCommunicator):
     puts half the bytes on the wire; the other groups' part is the sum minus this one's."""
 
     def send_receive(self, payload, compressor, ctx, name, everyone=False):
-        import tensorflow as tf
-
         if self.process_set is None:
-            return compressor.decompress(tuple(payload), ctx) if everyone else tf.zeros([ctx.size], tf.float32)
+            return self._alone(payload, compressor, ctx, everyone)
         import horovod.tensorflow as hvd
 
         summed = compressor.decompress(tuple(
@@ -138,7 +171,27 @@ class CrossGroupAllreduce(CrossGroupCommunicator):
         return summed if everyone else summed - compressor.decompress(tuple(payload), ctx)
 
 
-def cross_group(compressor, process_set, group_order, own: int) -> CrossGroupCommunicator:
+def cross_group(compressor, process_set, group_order: Sequence[int], own: int) -> CrossGroupCommunicator:
     """Allgather for sparse payloads (indices differ per group), allreduce for dense ones."""
     cls = CrossGroupAllgather if compressor.sparse else CrossGroupAllreduce
     return cls(process_set, group_order, own)
+
+
+def across_groups(compressor, groups=None) -> CrossGroupCommunicator:
+    """The communicator between hybrid `groups` (the strategy's
+    :class:`~tfsyncmodes.exchange.groups.ActiveGroups`; None: a single group, nothing crosses)."""
+    if groups is None:
+        return cross_group(compressor, None, [0], 0)
+    layout = groups.layout
+    column = layout.column_of(groups.rank)
+    order = [sorted(column).index(rank) for rank in column]
+    return cross_group(compressor, groups.cross_set, order, groups.group_index)
+
+
+def across_world(compressor, world: Optional[Tuple[int, int]] = None) -> CrossGroupCommunicator:
+    """The communicator in which every Horovod rank is a group of its own (sync mode's
+    compressed exchange); `world`: (rank, size), Horovod's when None."""
+    import horovod.tensorflow as hvd
+
+    rank, size = world if world is not None else horovod_world()
+    return cross_group(compressor, hvd.global_process_set, list(range(size)), rank)

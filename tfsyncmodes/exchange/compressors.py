@@ -12,8 +12,9 @@ index, so the concatenation of several ranks' Top-K payloads decompresses to the
 updates: that is how an allgather of sparse payloads is reduced.
 
 A new compressor: a subclass here (or in a module of its own) with
-``@COMPRESSORS.register("name")``; ``--compression=name`` then selects it. Its constructor
-takes the run's config.
+``@COMPRESSORS.register("name")``; ``--compression=name`` then selects it. Its settings are its
+constructor's keyword arguments (as ``TopK(ratio=0.01)``), each with a default;
+:mod:`~tfsyncmodes.exchange.recipes` maps the knobs to them.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import List, Sequence, Tuple
 import tensorflow as tf
 
 from tfsyncmodes.exchange.flat import TensorContext
-from tfsyncmodes.exchange.topk import TopK
+from tfsyncmodes.exchange.topk import TopKSelection
 from tfsyncmodes.registry import COMPRESSORS
 
 Payload = Tuple[tf.Tensor, ...]
@@ -34,15 +35,11 @@ def payload_bytes(payload: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.add_n([tf.size(t, out_type=tf.int64) * t.dtype.size for t in payload])
 
 
-@COMPRESSORS.register("none")
 class Compressor:
-    """Identity: the update travels as float32."""
+    """Base: the contract, with the identity's behaviour (the update travels as float32)."""
 
     sparse = False
     lossless = True
-
-    def __init__(self, config=None):
-        del config
 
     def compress(self, flat: tf.Tensor, ctx: TensorContext) -> Payload:
         del ctx
@@ -57,8 +54,13 @@ class Compressor:
         return [(tf.float32, [ctx.size])]
 
 
+@COMPRESSORS.register("none")
+class NoCompression(Compressor):
+    """Identity: the update travels as float32."""
+
+
 @COMPRESSORS.register("fp16")
-class FP16Compressor(Compressor):
+class FP16(Compressor):
     """Half precision: half the bytes, relative error at most 2**-11 in fp16's normal range."""
 
     lossless = False
@@ -71,19 +73,28 @@ class FP16Compressor(Compressor):
 
 
 @COMPRESSORS.register("topk")
-class TopKCompressor(Compressor):
+class TopK(Compressor):
     """The k = ceil(ratio * size) entries of largest magnitude, as float32 values and int32
     indices (int32 halves the index bytes; updates beyond 2**31 entries are refused).
-    ``--topk_ratio`` sets the ratio. The selection is exact (see :mod:`~tfsyncmodes.exchange.topk`
-    for its two implementations: compiled kernels when ``scripts/install.sh`` built them,
-    TensorFlow ops otherwise)."""
+
+    `ratio`: the fraction of entries sent, in (0, 1]. `implementation`: ``auto`` (the
+    compiled kernels when ``scripts/install.sh`` built them, TensorFlow ops otherwise),
+    ``native`` or ``ops``; both are exact (see :mod:`~tfsyncmodes.exchange.topk`).
+    """
 
     sparse = True
     lossless = False
 
-    def __init__(self, config=None, ratio: float = None, implementation: str = "auto"):
-        self.ratio = ratio if ratio is not None else config.topk_ratio
-        self.topk = TopK(implementation)
+    def __init__(self, ratio: float = 0.01, implementation: str = "auto"):
+        if not 0.0 < ratio <= 1.0:
+            raise ValueError(f"Top-K ratio {ratio}: use a fraction in (0, 1]")
+        self.ratio = ratio
+        self.selection = TopKSelection(implementation)
+
+    @property
+    def implementation(self) -> str:
+        """``native`` or ``ops``: the selection in use."""
+        return self.selection.implementation
 
     def k(self, size: int) -> int:
         return max(1, min(size, int(math.ceil(self.ratio * size - 1e-9))))
@@ -92,11 +103,11 @@ class TopKCompressor(Compressor):
         size = ctx.size
         if size >= 2 ** 31:
             raise ValueError(f"{size} entries do not fit int32 indices")
-        return self.topk.select(flat, self.k(size))
+        return self.selection.select(flat, self.k(size))
 
     def decompress(self, payload, ctx):
         values, indices = payload
-        return self.topk.scatter(values, indices, ctx.size)
+        return self.selection.scatter(values, indices, ctx.size)
 
     def payload_spec(self, ctx):
         k = self.k(ctx.size)

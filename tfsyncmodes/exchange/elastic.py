@@ -2,8 +2,8 @@
 Choromanska and LeCun, *Deep learning with Elastic Averaging SGD* (NeurIPS 2015,
 arXiv 1412.6651).
 
-Each group trains on its own group mean. Every tau = staleness + 1 updates (every update
-during the first ``--warmup_steps``), after the inner update:
+Each group trains on its own group mean. Every tau = `period` updates (every update during
+the first `warmup_steps`), after the inner update:
 
 1. every group sends its elastic difference ``d_g = x_g - center`` through the cross-group
    link (error feedback, then the configured compressor, like periodic's pseudo-gradient);
@@ -27,12 +27,12 @@ periodic averaging: with alpha = 1/G (beta = 1) the center becomes ``center + me
 exactly periodic's ``anchor + mean change`` with the same compressor and error feedback, and
 every group lands on it, as periodic's do on the anchor. For small alpha the two agree to
 first order on how far the center moves; a group is pulled G times harder than in the paper,
-so it explores less for the same alpha (a smaller ``--elastic_alpha`` gives more exploration).
+so it explores less for the same alpha (a smaller alpha gives more exploration).
 
-``--elastic_alpha=0`` (the default) takes the paper's recommendation alpha = beta / p with
-beta = 0.9 (p: the number of groups), so the center moves 0.9 of the way to the groups' mean
-each round; alpha must keep beta = G * alpha <= 1 (the paper's stability range for the center,
-0 <= beta <= 1). The paper's momentum variant (EAMSGD) is local Nesterov momentum inside each
+Without an alpha (``--elastic_alpha=0``, the default) the paper's recommendation alpha = beta / p
+with beta = 0.9 (p: the number of groups) is taken, so the center moves 0.9 of the way to the
+groups' mean each round; alpha must keep beta = G * alpha <= 1 (the paper's stability range for
+the center, 0 <= beta <= 1). The paper's momentum variant (EAMSGD) is local Nesterov momentum inside each
 worker: here the inner optimizer's, e.g. ``keras.optimizers.SGD(momentum=0.99, nesterov=True)``
 (the paper's delta = 0.99). The center is optimizer state (created with the ``state``
 factory): the initial broadcast, checkpoints and ``model.save`` carry it. Training ends with
@@ -40,42 +40,42 @@ every rank holding the center.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import tensorflow as tf
 
-from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.exchange import communicators
 from tfsyncmodes.exchange.flat import assign_flat, flatten_variables
+from tfsyncmodes.exchange.link import CrossGroupLink
 from tfsyncmodes.exchange.policies import RoundPolicy
 from tfsyncmodes.registry import CROSS_GROUP
 
 PAPER_BETA = 0.9  # the paper's recommended moving rate of the center: alpha = beta / groups
 
 
-def elastic_alpha(config, num_groups: int) -> float:
-    """The elastic coefficient for `num_groups` groups: ``--elastic_alpha``, or beta / groups
-    with the paper's beta = 0.9 when it is 0. A ConfigError when groups * alpha > 1."""
-    alpha = config.elastic_alpha or PAPER_BETA / num_groups
-    if num_groups * alpha > 1.0 + 1e-12:
-        from tfsyncmodes.exchange.groups import _field
-
-        source, field = _field(config, "elastic_alpha")
-        raise ConfigError(source, field, f"{alpha} times {num_groups} groups is above 1 (the center would "
-                                         "overshoot the groups' mean)",
-                          f"use a value in (0, {1.0 / num_groups:.6g}], or 0 for {PAPER_BETA}/{num_groups}")
+def alpha_for(num_groups: int, alpha: Optional[float] = None) -> float:
+    """The elastic coefficient for `num_groups` groups: `alpha`, or the paper's beta / groups
+    when None. ValueError when groups * alpha is above 1 (the center would overshoot)."""
+    alpha = alpha if alpha is not None else PAPER_BETA / num_groups
+    if not alpha > 0 or num_groups * alpha > 1.0 + 1e-12:
+        raise ValueError(f"elastic alpha {alpha} for {num_groups} groups: use a value in "
+                         f"(0, {1.0 / num_groups:.6g}] (groups * alpha at most 1)")
     return alpha
 
 
 @CROSS_GROUP.register("elastic")
 class ElasticAverage(RoundPolicy):
     """EASGD across groups: every `period`-th update the groups' compressed differences to the
-    center move the center by alpha times their sum, then each group moves beta = G * alpha of
+    center move the center by `alpha` times their sum, then each group moves beta = G * alpha of
     the way toward the new center (see the module's docstring for the variant). The final
-    model is the center."""
+    model is the center. `alpha` None: the paper's 0.9 / G; G * alpha must be at most 1."""
 
     reference_name, step_name = "elastic_center", "elastic_step"
 
-    def __init__(self, config, link):
-        super().__init__(config, link)
-        self.alpha = elastic_alpha(config, link.num_groups)
+    def __init__(self, link: CrossGroupLink, period: int = 8, warmup_steps: int = 0,
+                 alpha: Optional[float] = None):
+        super().__init__(link, period, warmup_steps)
+        self.alpha = alpha_for(link.num_groups, alpha)
         self.beta = link.num_groups * self.alpha
 
     @property
@@ -95,11 +95,8 @@ class ElasticAverage(RoundPolicy):
         """Every rank takes the center. It is the same on every rank up to the order of the
         sums of more than two groups' payloads, so one dense allreduce (mean over all ranks)
         makes it bit-equal everywhere; it is also the final barrier (see the base class)."""
-        if not self.link.active:
+        if not self.active:
             return
-        import horovod.tensorflow as hvd
-
-        center = hvd.allreduce(tf.convert_to_tensor(self.center), op=hvd.Average,
-                               process_set=hvd.global_process_set, name="tfsync.elastic.finish")
+        center = communicators.world_average(self.center, "tfsync.elastic.finish")
         self.center.assign(center)
         assign_flat(variables, center)

@@ -14,12 +14,11 @@ import dataclasses
 from typing import Tuple
 
 from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.knobs import KNOBS_BY_KEY
 
 
-def _field(config, key: str) -> Tuple[str, str]:
+def knob_field(config, key: str) -> Tuple[str, str]:
     """(source, field) of a knob as ConfigError names them: the flag or env var if given so."""
-    from tfsyncmodes.config import KNOBS_BY_KEY
-
     knob = KNOBS_BY_KEY[key]
     source = config.sources.get(key, "default")
     return source, {"environment": knob.env, "flag": "--" + knob.flag}.get(source, key)
@@ -67,7 +66,7 @@ class GroupLayout:
 def layout_from_config(config, world_size: int, local_size: int) -> GroupLayout:
     """The groups `config` asks for, checked against the world; ConfigError if they do not fit."""
     if config.groups:
-        source, field = _field(config, "groups")
+        source, field = knob_field(config, "groups")
         groups = tuple(tuple(sorted(int(r) for r in part.split(","))) for part in config.groups.split(";"))
         ranks = sorted(r for g in groups for r in g)
         missing = sorted(set(range(world_size)) - set(ranks))
@@ -84,7 +83,7 @@ def layout_from_config(config, world_size: int, local_size: int) -> GroupLayout:
                               "give every group the same number of ranks")
         return GroupLayout(tuple(sorted(groups)))
     size = config.group_size or local_size
-    source, field = _field(config, "group_size")
+    source, field = knob_field(config, "group_size")
     if config.group_size == 0:
         source, field = "horovodrun", "local_size (one group per host)"
     if world_size % size:

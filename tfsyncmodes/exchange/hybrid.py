@@ -1,48 +1,58 @@
-"""Builds hybrid mode's exchange from the config and the strategy's groups.
+"""Builds hybrid mode's exchange from typed parts over the strategy's groups.
 
-    hybrid = Chain(
-        HorovodAllreduce(group process set),     # dense group mean, every step
-        <cross-group policy>(config, link))      # --cross_group, looked up in CROSS_GROUP
+    link = cross_group_link(groups,               # the strategy's groups (process sets)
+                            TopK(ratio=0.01),     # the compressor (none: float32)
+                            staleness=0)          # > 0: rounds on a background thread
+    exchange = hybrid_chain(groups, PeriodicAverage(link, period=8, outer=NesterovOuter()))
+             # = Chain(HorovodAllreduce(group's process set),   dense group mean, every step
+             #         the cross-group policy)
 
-    link = CrossGroupLink(compressor,            # --compression, looked up in COMPRESSORS
-                          memory,                # error feedback (MEMORIES)
-                          transport)             # in the step, or on a background thread
-
-A policy with ``background = True`` (``stale``) and staleness > 0 runs its rounds on a background thread, applied up to
-`staleness` steps late; everything else exchanges inside the step. ``periodic`` (local SGD)
-averages the groups' model changes every staleness + 1 steps after the inner update.
-At the end of training every rank moves to the mean of the groups' models.
+The recipe (:mod:`~tfsyncmodes.exchange.recipes`) builds the same from the knobs; a user may
+compose one in Python and pass it as ``strategy.wrap(optimizer, exchange=...)``. At the end of
+training every rank moves to the mean of the groups' models (elastic: the center).
 """
 from __future__ import annotations
 
-from tfsyncmodes.exchange import memory as memory_lib
+from typing import Optional
+
 from tfsyncmodes.exchange.base import Chain
-from tfsyncmodes.exchange.communicators import HorovodAllreduce, cross_group
+from tfsyncmodes.exchange.communicators import HorovodAllreduce, across_groups
+from tfsyncmodes.exchange.compressors import Compressor, NoCompression
 from tfsyncmodes.exchange.link import CrossGroupLink
+from tfsyncmodes.exchange.memory import Memory, default_memory
+from tfsyncmodes.exchange.policies import CrossGroupPolicy
 from tfsyncmodes.exchange.transports import BackgroundExchange, InStep
-from tfsyncmodes.registry import COMPRESSORS, CROSS_GROUP
 
 
-def hybrid_exchange(config, groups=None) -> Chain:
-    """The hybrid chain for `config`, over `groups` (the strategy's
-    :class:`~tfsyncmodes.exchange.groups.ActiveGroups`; None: no peers, as in a process not
-    launched by horovodrun: the exchange keeps its state and changes nothing)."""
-    compressor = COMPRESSORS.get(config.compression, config.sources.get("compression", "default"),
-                                 "compression")(config)
-    memory = memory_lib.for_config(config, compressor)
-    if groups is None:
-        communicator, num_groups, group_set = cross_group(compressor, None, [0], 0), 1, None
-    else:
-        layout = groups.layout
-        column = sorted(layout.column_of(groups.rank))
-        order = [column.index(rank) for rank in layout.column_of(groups.rank)]
-        communicator = cross_group(compressor, groups.cross_set, order, groups.group_index)
-        num_groups, group_set = layout.num_groups, groups.group_set
-    policy_class = CROSS_GROUP.get(config.cross_group)
-    transport = InStep(communicator, compressor)
-    if config.staleness > 0 and policy_class.background:
-        transport = BackgroundExchange(transport, config.staleness, config.warmup_steps,
-                                       group_set=group_set, discount=config.staleness_aware_lr)
-    policy = policy_class(config, CrossGroupLink(compressor, memory, transport, num_groups))
+def cross_group_link(groups=None, compressor: Optional[Compressor] = None, memory: Optional[Memory] = None,
+                     *, staleness: int = 0, warmup_steps: int = 0, discount: bool = True) -> CrossGroupLink:
+    """The link between hybrid `groups` (the strategy's
+    :class:`~tfsyncmodes.exchange.groups.ActiveGroups`, ``strategy.groups``; None: a single
+    group, as in a process not launched by horovodrun: nothing crosses).
+
+    `compressor`: how updates travel (None: :class:`NoCompression`); `memory`: None gives
+    error feedback to a compressor that drops information
+    (:func:`~tfsyncmodes.exchange.memory.default_memory`). `staleness` > 0 runs the rounds on
+    a background thread, applied at most that many steps late (for
+    :class:`~tfsyncmodes.exchange.policies.StaleExchange`), after `warmup_steps` steps in
+    lockstep, each late round weighed 1 / (1 + steps late) with `discount`.
+    """
+    compressor = compressor if compressor is not None else NoCompression()
+    memory = memory if memory is not None else default_memory(compressor)
+    transport = InStep(across_groups(compressor, groups), compressor)
+    if staleness > 0:
+        transport = BackgroundExchange(transport, staleness, warmup_steps,
+                                       group_set=None if groups is None else groups.group_set,
+                                       discount=discount)
+    return CrossGroupLink(compressor, memory, transport)
+
+
+def hybrid_chain(groups, policy: CrossGroupPolicy) -> Chain:
+    """The dense mean inside this rank's group (every step), then `policy` across the groups.
+    `groups` as in :func:`cross_group_link` (None: no group mean)."""
+    if policy.link.background and not policy.background:
+        raise ValueError(f"{type(policy).__name__} exchanges in the step; give it a link with "
+                         "staleness=0 (only a background policy such as StaleExchange takes rounds late)")
+    group_set = None if groups is None else groups.group_set
     parts = [HorovodAllreduce(process_set=group_set)] if group_set is not None else []
     return Chain(*parts, policy)

@@ -1,8 +1,9 @@
 """The cross-group link: error feedback, compression, traffic accounting and a transport,
-composed. Cross-group policies send through it and know nothing of what is inside."""
+composed. Cross-group policies send through it and know nothing of what is inside; callbacks
+read its counters through its methods."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import tensorflow as tf
 
@@ -16,20 +17,38 @@ from tfsyncmodes.exchange.traffic import WireTraffic
 class CrossGroupLink:
     """``send(tensor)`` compensates with the memory, compresses, remembers what was dropped,
     counts the bytes, and returns the payload; ``exchange(payload)`` hands it to the transport
-    and returns the sum of the other groups' updates (dense)."""
+    and returns the sum of the other groups' updates (dense).
 
-    def __init__(self, compressor: Compressor, memory: Memory, transport, num_groups: int):
+    `compressor`, `memory` and `transport` (:class:`~tfsyncmodes.exchange.transports.InStep`
+    or :class:`~tfsyncmodes.exchange.transports.BackgroundExchange`) are the link's parts;
+    the groups it links are its transport's communicator's.
+    """
+
+    def __init__(self, compressor: Compressor, memory: Memory, transport):
         self.compressor = compressor
         self.memory = memory
         self.transport = transport
-        self.num_groups = num_groups
         self.traffic = WireTraffic()
         self.ctx: Optional[TensorContext] = None
+
+    @property
+    def num_groups(self) -> int:
+        return self.transport.num_groups
+
+    @property
+    def own_group(self) -> int:
+        """This rank's group index."""
+        return self.transport.own_group
 
     @property
     def active(self) -> bool:
         """Whether there are other groups to exchange with."""
         return self.num_groups > 1
+
+    @property
+    def background(self) -> bool:
+        """Whether rounds run on a thread and may be applied steps late."""
+        return self.transport.background
 
     def build(self, ctx: TensorContext, state: StateFactory) -> None:
         self.ctx = ctx
@@ -55,3 +74,34 @@ class CrossGroupLink:
     def idle(self):
         """A step that sends nothing (counted as 0 bytes)."""
         return self.traffic.record(tf.constant(0, tf.int64))
+
+    # --- eagerly, between steps -------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Waits until every round handed over so far has been exchanged."""
+        self.transport.flush()
+
+    def discard(self) -> None:
+        """Drops rounds that came in but were not applied."""
+        self.transport.discard()
+
+    def lag(self) -> Optional[int]:
+        """Rounds handed over but not applied yet (None: rounds run in the step)."""
+        return self.transport.lag()
+
+    def rounds_applied(self) -> Optional[int]:
+        """Background rounds applied so far (None: rounds run in the step)."""
+        return self.transport.rounds_applied()
+
+    @property
+    def dense_bytes(self) -> int:
+        """Bytes a float32 exchange of the same update sends per step."""
+        return self.traffic.dense_bytes
+
+    def bytes_sent(self) -> Optional[int]:
+        """Bytes this rank sent in the last step (None before the link is built)."""
+        return self.traffic.last()
+
+    def traffic_counts(self) -> Optional[Tuple[int, int]]:
+        """(bytes sent, steps) so far (None before the link is built)."""
+        return self.traffic.counts()

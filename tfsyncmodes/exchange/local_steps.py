@@ -1,4 +1,5 @@
-"""``--local_steps=auto``: each group runs as many inner steps per round as its speed allows.
+"""Speed-proportional local steps (``--local_steps=auto``): each group runs as many inner steps
+per round as its speed allows.
 
 Dynamic local updates (DyLU) from Async Local-SGD (Liu et al., 2024, "Asynchronous Local-SGD
 Training for Language Modeling", arXiv 2401.09135): a worker's number of local steps is
@@ -10,7 +11,7 @@ the *plan* adapts: at each round every rank allgathers (group, step time, steps 
 round, steps left in the epoch), and every rank derives the same next plan from those numbers
 (the collectives of the next round match on every rank by construction).
 
-- The fastest group runs ``H = staleness + 1`` inner steps per round, group g
+- The fastest group runs ``H = period`` inner steps per round, group g
   ``round(H * t_fastest / t_g)`` (at least 1; rounded to the nearest rather than floored as in
   the paper, so that timing noise between equal groups does not cost a step). ``t_g`` is an
   exponential moving average of the wall time between a group's consecutive updates (the
@@ -19,7 +20,7 @@ round, steps left in the epoch), and every rank derives the same next plan from 
 - The outer average weights each group's pseudo-gradient by the samples it processed since
   the last round (its inner steps; per-rank batches are equal): each group sends
   ``w_g * (model - anchor)`` with ``w_g = steps_g / sum(steps)`` through the compressor and
-  error feedback, and the weighted sum is the mean change the ``--outer_optimizer`` applies.
+  error feedback, and the weighted sum is the mean change the outer optimizer applies.
 - Groups stay within one round of each other (every round is a collective). An epoch ends at
   the round where the first group has run all of its steps; the other groups end that epoch
   there too (:meth:`ends_epoch`, acted on by the ``DrainExchange`` callback), so that every
@@ -30,6 +31,10 @@ round, steps left in the epoch), and every rank derives the same next plan from 
 State: the plan, the steps since the last round, the round count and each group's total
 inner steps are optimizer state (``state`` factory); the step-time measurements and the
 record of the last rounds (:attr:`round_log`, for logs and tests) belong to this process.
+
+The round itself is periodic averaging's (:class:`~tfsyncmodes.exchange.policies.RoundPolicy`
+runs both): this policy decides when a round is due (:meth:`SpeedProportionalAverage.due`) and
+how the groups' changes are weighed (:meth:`SpeedProportionalAverage.mean_change`).
 """
 from __future__ import annotations
 
@@ -38,7 +43,8 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tfsyncmodes.exchange.flat import flatten_variables
+from tfsyncmodes.exchange import communicators
+from tfsyncmodes.exchange.link import CrossGroupLink
 from tfsyncmodes.exchange.policies import PeriodicAverage
 
 ROUND_LOG = 4096  # rounds whose step counts round_log keeps (a ring)
@@ -46,11 +52,13 @@ NEWEST = 0.3  # weight of the newest step time in the moving average
 
 
 class SpeedProportionalAverage(PeriodicAverage):
-    """Periodic averaging with speed-proportional local steps (``--local_steps=auto``)."""
+    """Periodic averaging with speed-proportional local steps: the fastest group runs `period`
+    inner steps per round, the others fewer in proportion to their speed, and the groups'
+    changes weigh as the samples behind them. `warmup_steps` and `outer` as
+    :class:`~tfsyncmodes.exchange.policies.PeriodicAverage`'s."""
 
-    def __init__(self, config, link):
-        super().__init__(config, link)
-        self.h_max = config.staleness + 1
+    def __init__(self, link: CrossGroupLink, period: int = 8, warmup_steps: int = 0, outer=None):
+        super().__init__(link, period, warmup_steps, outer)
         self.plan = self.since = self.rounds = self.totals = None
         self.round_log = None
         self._step_time = self._last_end = self._epoch_steps = self._epoch_step = self._epoch_over = None
@@ -58,9 +66,9 @@ class SpeedProportionalAverage(PeriodicAverage):
         self._epoch_start = None
 
     @property
-    def own(self) -> int:
-        """This rank's group index."""
-        return self.link.transport.communicator.own
+    def h_max(self) -> int:
+        """The fastest group's inner steps per round."""
+        return self.period
 
     def build(self, variables, state):
         super().build(variables, state)
@@ -85,47 +93,38 @@ class SpeedProportionalAverage(PeriodicAverage):
     def _planned(self) -> tf.Tensor:
         """This group's inner steps for the round under way."""
         h_max = tf.constant(self.h_max, tf.int64)
-        own = tf.gather(tf.convert_to_tensor(self.plan), self.own)
+        own = tf.gather(tf.convert_to_tensor(self.plan), self.link.own_group)
         epoch = tf.convert_to_tensor(self._epoch_steps)
         first = tf.where(epoch > 0, tf.minimum(h_max, epoch), h_max)
         return tf.where(own > 0, own, first)
 
-    def after_update(self, variables):
-        if not self.link.active:
-            return
-        step = self.step.assign_add(1)
+    def due(self, step):
+        """Measures the step (its time since the last update ended, a moving average) and
+        counts it; a round is due once this group has run its planned inner steps."""
         with tf.control_dependencies([step]):
             now = tf.timestamp()
         last = self._last_end.read_value()
         old = self._step_time.read_value()
         newest = tf.where(old > 0, (1.0 - NEWEST) * old + NEWEST * (now - last), now - last)
         measured = self._step_time.assign(tf.where(last > 0, newest, old))
+        with tf.control_dependencies([measured]):
+            self._last_end.assign(now)  # the round, if one is due, moves it past its wait
         since = self.since.assign_add(1)
-        in_epoch = self._epoch_step.assign_add(1)
-        due = tf.logical_or(since >= self._planned(), step <= self.warmup_steps)
+        self._epoch_step.assign_add(1)
+        return since >= self._planned()
 
-        def average():
-            with tf.control_dependencies([measured, in_epoch]):
-                self._round(variables, since, in_epoch)
-            return tf.constant(True)
-
-        def skip():
-            self.link.idle()
-            return tf.constant(False)
-
-        done = tf.cond(due, average, skip)
-        with tf.control_dependencies([done]):
-            self._last_end.assign(tf.timestamp())
-
-    def _round(self, variables, since, in_epoch):
-        import horovod.tensorflow as hvd
-
+    def mean_change(self, change):
+        """Every rank allgathers (group, step time, steps since the last round, steps left in
+        the epoch); each group sends its change weighted by its share of the round's steps,
+        and the weighted sum is the mean change. Then the next round's plan."""
         groups, f64 = self.num_groups, tf.float64
+        own = self.link.own_group
+        since, in_epoch = tf.convert_to_tensor(self.since), tf.convert_to_tensor(self._epoch_step)
         epoch = tf.convert_to_tensor(self._epoch_steps)
         left = tf.where(epoch > 0, epoch - in_epoch, tf.constant(-1, tf.int64))
-        info = tf.stack([tf.constant(float(self.own), f64), tf.convert_to_tensor(self._step_time),
+        info = tf.stack([tf.constant(float(own), f64), tf.convert_to_tensor(self._step_time),
                          tf.cast(since, f64), tf.cast(left, f64), tf.cast(epoch, f64)])
-        every = hvd.allgather(info[None], name="tfsync.local_steps.info", process_set=hvd.global_process_set)
+        every = communicators.world_allgather(info[None], "tfsync.local_steps.info")
         group = tf.cast(every[:, 0], tf.int32)
         step_time = tf.math.unsorted_segment_max(every[:, 1], group, groups)  # a group's slowest rank
         steps = tf.cast(tf.math.unsorted_segment_max(every[:, 2], group, groups), tf.int64)
@@ -134,9 +133,8 @@ class SpeedProportionalAverage(PeriodicAverage):
 
         # The outer average, each group weighted by the samples it processed since the last one.
         weights = tf.cast(steps, tf.float32) / tf.cast(tf.reduce_sum(steps), tf.float32)
-        change = flatten_variables(variables) - tf.convert_to_tensor(self.anchor)
-        payload = self.link.send(weights[self.own] * change)
-        self.outer_update(variables, self.link.sent(payload) + self.link.exchange(payload))
+        payload = self.link.send(weights[own] * change)
+        mean_change = self.link.sent(payload) + self.link.exchange(payload)
 
         # The next round's plan: proportional to speed, clipped to the steps each group has left.
         h_max = tf.constant(self.h_max, tf.int64)
@@ -148,9 +146,12 @@ class SpeedProportionalAverage(PeriodicAverage):
         bound = tf.where(over, tf.fill([groups], epoch), left)
         plan = tf.where(known, tf.minimum(speed, tf.maximum(bound, 1)), tf.fill([groups], h_max))
         count = self.rounds.assign_add(1)
-        return tf.group(
+        planned = tf.group(
             self.totals.assign_add(steps), self.round_log[(count - 1) % ROUND_LOG].assign(steps),
             self.plan.assign(plan), self.since.assign(0), self._epoch_over.assign(over))
+        with tf.control_dependencies([planned, mean_change]):
+            self._last_end.assign(tf.timestamp())  # the wait at the round is no step's time
+            return tf.identity(mean_change)
 
     # --- around the epochs (the DrainExchange callback) --------------------------------------
 
@@ -165,7 +166,7 @@ class SpeedProportionalAverage(PeriodicAverage):
         self._epoch_start = (self.totals.numpy().copy(), int(self.rounds.numpy()))
 
     def ends_epoch(self) -> bool:
-        if self._epoch_over is None or not self.link.active or not bool(self._epoch_over.numpy()):
+        if self._epoch_over is None or not self.active or not bool(self._epoch_over.numpy()):
             return False
         self._epoch_over.assign(False)
         return True
@@ -173,7 +174,7 @@ class SpeedProportionalAverage(PeriodicAverage):
     def epoch_logs(self) -> dict:
         """``local_steps_group<g>``: the mean inner steps group g ran per round this epoch;
         ``local_steps_rounds``: the rounds of the epoch."""
-        if self.totals is None or not self.link.active:
+        if self.totals is None or not self.active:
             return {}
         totals, rounds = self.totals.numpy(), int(self.rounds.numpy())
         start_totals, start_rounds = self._epoch_start or (np.zeros_like(totals), 0)

@@ -7,7 +7,8 @@ lost for good; with it, they accumulate until they are large enough to be sent (
 Contract (GRACE's): ``build(ctx, state)`` creates the memory's optimizer variables,
 ``compensate(tensor, ctx)`` adds back what was kept, ``update(compensated, payload,
 compressor, ctx)`` keeps what `payload` left out. A new memory is a subclass with
-``@MEMORIES.register("name")``; :func:`for_config` picks one from the config.
+``@MEMORIES.register("name")`` whose settings are its constructor's keyword arguments;
+:func:`default_memory` is what a compressor gets when none is given.
 """
 from __future__ import annotations
 
@@ -19,9 +20,8 @@ from tfsyncmodes.exchange.flat import TensorContext
 from tfsyncmodes.registry import MEMORIES
 
 
-@MEMORIES.register("none")
 class Memory:
-    """Nothing is remembered: dropped entries are lost."""
+    """Base: the contract, with nothing remembered."""
 
     def build(self, ctx: TensorContext, state: StateFactory) -> None:
         del ctx, state
@@ -37,8 +37,13 @@ class Memory:
         return tf.no_op()
 
 
+@MEMORIES.register("none")
+class NoMemory(Memory):
+    """Nothing is remembered: dropped entries are lost."""
+
+
 @MEMORIES.register("residual")
-class ResidualMemory(Memory):
+class ErrorFeedback(Memory):
     """Keeps the residual ``compensated - sent`` and adds it to the next update.
 
     For Top-K the residual is the compensated update with the sent entries zeroed, exactly:
@@ -61,7 +66,7 @@ class ResidualMemory(Memory):
         return self.residual.assign(compensated - sent)
 
 
-def for_config(config, compressor: Compressor) -> Memory:
-    """Error feedback when `compressor` drops information and ``--error_feedback`` is on."""
-    name = "residual" if config.error_feedback and not compressor.lossless else "none"
-    return MEMORIES.get(name)()
+def default_memory(compressor: Compressor) -> Memory:
+    """Error feedback for a compressor that drops information, none for a lossless one (its
+    residual would stay zero)."""
+    return NoMemory() if compressor.lossless else ErrorFeedback()

@@ -3,8 +3,9 @@ round (``--outer_optimizer``), as in DiLoCo (Douillard et al., 2023): the *pseud
 ``anchor - averaged model`` goes to an ordinary optimizer step on the anchor.
 
 Contract: ``build(ctx, state)`` creates the optimizer's state (optimizer variables, so
-checkpoints carry the momentum); ``step(anchor, mean_change) -> new anchor``. A new one is a
-class here with ``@OUTER_OPTIMIZERS.register("name")``.
+checkpoints carry the momentum); ``step(anchor, mean_change) -> new anchor``; its settings are
+its constructor's keyword arguments. A new one is a class here with
+``@OUTER_OPTIMIZERS.register("name")``.
 """
 from __future__ import annotations
 
@@ -15,12 +16,10 @@ from tfsyncmodes.registry import OUTER_OPTIMIZERS
 
 @OUTER_OPTIMIZERS.register("average")
 class AverageOuter:
-    """``anchor + outer_lr * mean_change``; with outer_lr 1 (its default) plain averaging."""
+    """``anchor + lr * mean_change``; with `lr` 1 (its default) plain averaging."""
 
-    default_lr = 1.0
-
-    def __init__(self, config):
-        self.lr = config.outer_lr or self.default_lr
+    def __init__(self, lr: float = 1.0):
+        self.lr = lr
 
     def build(self, ctx, state) -> None:
         del ctx, state
@@ -32,14 +31,12 @@ class AverageOuter:
 @OUTER_OPTIMIZERS.register("nesterov")
 class NesterovOuter(AverageOuter):
     """SGD with Nesterov momentum on the pseudo-gradient g = -mean_change, as PyTorch's SGD
-    computes it: ``v = momentum * v + g``, ``anchor - outer_lr * (g + momentum * v)``. DiLoCo's
-    settings are the defaults: outer_lr 0.7, momentum 0.9."""
+    computes it: ``v = momentum * v + g``, ``anchor - lr * (g + momentum * v)``. DiLoCo's
+    settings are the defaults: `lr` 0.7, `momentum` 0.9."""
 
-    default_lr = 0.7
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.momentum = config.outer_momentum
+    def __init__(self, lr: float = 0.7, momentum: float = 0.9):
+        super().__init__(lr)
+        self.momentum = momentum
         self.velocity = None
 
     def build(self, ctx, state):

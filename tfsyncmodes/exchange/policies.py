@@ -2,17 +2,20 @@
 each other (``--cross_group``).
 
 Contract: a :class:`CrossGroupPolicy` is an exchange :class:`~tfsyncmodes.exchange.base.Part`
-built from the run's config and a :class:`~tfsyncmodes.exchange.link.CrossGroupLink`
-(memory, compressor, transport). It acts in the gradient stage (``transform``, before the
-inner optimizer's update) or in the model-averaging stage (``after_update``, after it), and
-model-averaging policies apply the groups' mean change through :meth:`outer_update`, the hook
-an outer optimizer overrides. Every policy ends training with one model (:meth:`finish`).
-A policy's state (anchors, counters) is created with the ``state`` factory, so it is optimizer
-state. With a single group a policy builds its state and does nothing else.
+built from a :class:`~tfsyncmodes.exchange.link.CrossGroupLink` (memory, compressor,
+transport) and its own settings as keyword arguments (``PeriodicAverage(link, period=8,
+outer=NesterovOuter())``), never the run's config. It acts in the gradient stage
+(``transform``, before the inner optimizer's update) or in the model-averaging stage
+(``after_update``, after it), and model-averaging policies apply the groups' mean change
+through :meth:`PeriodicAverage.outer_update`, the hook an outer optimizer overrides. Every
+policy ends training with one model (:meth:`finish`). A policy's state (anchors, counters) is
+created with the ``state`` factory, so it is optimizer state. With a single group a policy
+builds its state and does nothing else.
 
 A new policy: a subclass here (or in its own module) with ``@CROSS_GROUP.register("name")``;
-one that acts every staleness + 1 updates subclasses :class:`RoundPolicy` and writes its
-:meth:`RoundPolicy.round` (periodic and elastic do).
+one that acts in rounds after the inner update subclasses :class:`RoundPolicy` and writes its
+:meth:`RoundPolicy.round` (periodic and elastic do); one that decides otherwise when a round
+is due overrides :meth:`RoundPolicy.due` (speed-proportional local steps do).
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ from tfsyncmodes.exchange import communicators
 from tfsyncmodes.exchange.base import Part
 from tfsyncmodes.exchange.flat import TensorContext, assign_flat, flatten, flatten_variables, unflatten
 from tfsyncmodes.exchange.link import CrossGroupLink
-from tfsyncmodes.registry import CROSS_GROUP, OUTER_OPTIMIZERS
+from tfsyncmodes.exchange.outer import AverageOuter
+from tfsyncmodes.registry import CROSS_GROUP
 
 
 class CrossGroupPolicy(Part):
@@ -30,8 +34,7 @@ class CrossGroupPolicy(Part):
 
     background = False  # whether its rounds may run on a thread, up to `staleness` steps late
 
-    def __init__(self, config, link: CrossGroupLink):
-        self.config = config
+    def __init__(self, link: CrossGroupLink):
         self.link = link
         self.ctx = None
 
@@ -39,17 +42,22 @@ class CrossGroupPolicy(Part):
     def num_groups(self) -> int:
         return self.link.num_groups
 
+    @property
+    def active(self) -> bool:
+        """Whether there are other groups to exchange with."""
+        return self.link.active
+
     def build(self, variables, state):
         self.ctx = TensorContext.of_variables(variables)
         self.link.build(self.ctx, state)
 
     def flush(self):
-        self.link.transport.flush()
+        self.link.flush()
 
     def discard_pending(self) -> None:
         """Drops rounds that came in but were not applied (a switch replaces them with the
         groups' mean)."""
-        self.link.transport.discard()
+        self.link.discard()
 
     def begin_epoch(self, steps) -> None:
         """Keras calls this at each epoch's start with its number of steps (None: unknown)."""
@@ -70,7 +78,7 @@ class CrossGroupPolicy(Part):
         weights over all ranks (groups are equally sized and a group's ranks hold equal
         weights, so that is the mean over groups); it is also the final barrier, so that no
         rank leaves (and so shuts Horovod down) while another column still exchanges."""
-        if not self.link.active:
+        if not self.active:
             return
         communicators.assign_world_mean(variables, "tfsync.hybrid.finish")
 
@@ -80,12 +88,12 @@ class StaleExchange(CrossGroupPolicy):
     """Every step: compensate with the residual, compress, send across groups, and return
     ``(own group mean + other groups' updates) / groups``. With a background transport the
     other groups' updates arrive up to `staleness` steps late; this group's own mean enters
-    dense and fresh. With compression none and staleness 0 that is sync mode's update."""
+    dense and fresh. With no compression and an in-step transport that is sync mode's update."""
 
     background = True
 
     def transform(self, grads, variables):
-        if not self.link.active:
+        if not self.active:
             return grads
         flat = flatten(grads, variables)
         others = self.link.exchange(self.link.send(flat))
@@ -94,18 +102,26 @@ class StaleExchange(CrossGroupPolicy):
 
 
 class RoundPolicy(CrossGroupPolicy):
-    """Base of the policies that act in rounds after the inner update: every `period`-th update
-    (period = staleness + 1; every update during the first `warmup_steps`) :meth:`round` runs,
-    otherwise the link idles. A round policy keeps a reference copy of the model (periodic's
-    anchor, elastic's center), set to the model before the first update (after the initial
-    broadcast), and an update counter, both optimizer state named by the subclass."""
+    """Base of the policies that act in rounds after the inner update: after every update
+    :meth:`due` says whether a round is due (every `period`-th update; every update during the
+    first `warmup_steps` in any case); if so :meth:`round` runs, otherwise the link idles. A
+    round policy keeps a reference copy of the model (periodic's anchor, elastic's center),
+    set to the model before the first update (after the initial broadcast), and an update
+    counter, both optimizer state named by the subclass.
+
+    `period`: updates per round (>= 1); `warmup_steps`: updates at the start that each end
+    with a round.
+    """
 
     reference_name = step_name = ""  # the state variables' names (checkpoints know them by it)
 
-    def __init__(self, config, link):
-        super().__init__(config, link)
-        self.period = config.staleness + 1
-        self.warmup_steps = config.warmup_steps
+    def __init__(self, link: CrossGroupLink, period: int = 8, warmup_steps: int = 0):
+        super().__init__(link)
+        if period < 1 or warmup_steps < 0:
+            raise ValueError(f"{type(self).__name__}(period={period}, warmup_steps={warmup_steps}): "
+                             "use a period of 1 or more and warmup_steps of 0 or more")
+        self.period = period
+        self.warmup_steps = warmup_steps
         self.reference = self.step = None
 
     def build(self, variables, state):
@@ -114,7 +130,7 @@ class RoundPolicy(CrossGroupPolicy):
         self.step = state(self.step_name, [], tf.int64)
 
     def before_update(self, variables):
-        if not self.link.active:
+        if not self.active:
             return
 
         def start():
@@ -124,10 +140,10 @@ class RoundPolicy(CrossGroupPolicy):
         tf.cond(tf.equal(tf.convert_to_tensor(self.step), 0), start, lambda: tf.constant(False))
 
     def after_update(self, variables):
-        if not self.link.active:
+        if not self.active:
             return
         step = self.step.assign_add(1)
-        due = tf.logical_or(step % self.period == 0, step <= self.warmup_steps)
+        due = tf.logical_or(self.due(step), step <= self.warmup_steps)
 
         def run():
             self.round(variables)
@@ -139,6 +155,11 @@ class RoundPolicy(CrossGroupPolicy):
 
         tf.cond(due, run, skip)
 
+    def due(self, step: tf.Tensor) -> tf.Tensor:
+        """Whether a round is due after update number `step` (from 1), the warm-up aside: every
+        `period`-th update. In the graph, once per update."""
+        return step % self.period == 0
+
     def round(self, variables) -> None:
         """One round across groups (in the graph, on every rank at the same update)."""
         raise NotImplementedError
@@ -147,28 +168,19 @@ class RoundPolicy(CrossGroupPolicy):
 @CROSS_GROUP.register("periodic")
 class PeriodicAverage(RoundPolicy):
     """Local SGD across groups: each group applies its own group mean; after every `period`-th
-    update (period = staleness + 1; every update during the first `warmup_steps`) the groups
-    average how far their models moved since the last average (the *pseudo-gradient*), sent
-    through the compressor with error feedback, and :meth:`outer_update` applies that mean
-    change to the anchor with the ``--outer_optimizer``. Groups are at most period - 1 updates
-    apart between averages. ``--local_steps=N`` sets the period to N; ``--local_steps=auto``
-    builds :class:`~tfsyncmodes.exchange.local_steps.SpeedProportionalAverage` instead."""
+    update (every update during the first `warmup_steps`) the groups average how far their
+    models moved since the last average (the *pseudo-gradient*), sent through the link's
+    compressor with error feedback, and :meth:`outer_update` applies that mean change to the
+    anchor with the outer optimizer `outer` (:class:`~tfsyncmodes.exchange.outer.AverageOuter`
+    by default: plain averaging). Groups are at most period - 1 updates apart between averages.
+    :class:`~tfsyncmodes.exchange.local_steps.SpeedProportionalAverage` gives each group as
+    many inner steps per round as its speed allows."""
 
     reference_name, step_name = "local_sgd_anchor", "local_sgd_step"
 
-    def __new__(cls, config, link):
-        if cls is PeriodicAverage and getattr(config, "local_steps", 0) == "auto":
-            from tfsyncmodes.exchange.local_steps import SpeedProportionalAverage
-
-            cls = SpeedProportionalAverage
-        return super().__new__(cls)
-
-    def __init__(self, config, link):
-        super().__init__(config, link)
-        fixed = getattr(config, "local_steps", 0)
-        if isinstance(fixed, int) and fixed > 0:
-            self.period = fixed
-        self.outer = OUTER_OPTIMIZERS.get(config.outer_optimizer)(config)
+    def __init__(self, link: CrossGroupLink, period: int = 8, warmup_steps: int = 0, outer=None):
+        super().__init__(link, period, warmup_steps)
+        self.outer = outer if outer is not None else AverageOuter()
 
     @property
     def anchor(self):
@@ -181,9 +193,12 @@ class PeriodicAverage(RoundPolicy):
 
     def round(self, variables):
         change = flatten_variables(variables) - tf.convert_to_tensor(self.anchor)
+        self.outer_update(variables, self.mean_change(change))
+
+    def mean_change(self, change: tf.Tensor) -> tf.Tensor:
+        """The groups' mean of their `change` (sent through the link): every group weighs the same."""
         payload = self.link.send(change)
-        mean_change = (self.link.sent(payload) + self.link.exchange(payload)) / float(self.num_groups)
-        self.outer_update(variables, mean_change)
+        return (self.link.sent(payload) + self.link.exchange(payload)) / float(self.num_groups)
 
     def outer_update(self, variables, mean_change: tf.Tensor) -> None:
         """Applies the groups' mean change since the last average with the outer optimizer

@@ -1,34 +1,45 @@
 """What each mode exchanges: the one place that maps a resolved configuration to a chain of
-parts. Both the optimizer wrapper (``tfsyncmodes.keras``) and the strategies ask here; neither
-repeats the dispatch.
+parts, and the only module of the exchange that reads the configuration. Both the optimizer
+wrapper (``tfsyncmodes.keras``) and the strategies ask here; neither repeats the dispatch.
 
     exchange_for(config, groups)          # the chain an optimizer wrapped under `config` runs
 
 - ``sync``: nothing under a tf.distribute strategy (it reduces gradients itself) or a single
   process; under Horovod one grouped allreduce per step, or with ``--compression`` the
-  compressed exchange (:mod:`~tfsyncmodes.exchange.compressed_allreduce`).
-- ``async``: the step's version record and the staleness remedies
-  (:func:`~tfsyncmodes.exchange.staleness.async_exchange`).
-- ``hybrid``: the dense group mean, then the cross-group policy
-  (:func:`~tfsyncmodes.exchange.hybrid.hybrid_exchange`), over the strategy's `groups`.
+  compressed exchange (:class:`~tfsyncmodes.exchange.compressed_allreduce.CompressedAllreduce`).
+- ``async``: the step's version record and the staleness remedies (:func:`async_exchange`).
+- ``hybrid``: the dense group mean, then the cross-group policy over a cross-group link
+  (:func:`~tfsyncmodes.exchange.hybrid.hybrid_chain`), over the strategy's `groups`.
 - a run that switches modes (a switch plan in force): one chain per mode behind a
   :class:`~tfsyncmodes.exchange.switchable.SwitchableExchange`.
 
-A new mode adds its recipe with ``@recipe("name")``.
+Every part takes its own typed settings; the functions below turn knobs into them, each knob
+read in one place. A registered part (compressor, outer optimizer, cross-group policy) gets the
+knob-made settings its constructor declares (e.g. ``ratio`` for a compressor, ``period`` and
+``warmup_steps`` for a round policy). A new mode adds its recipe with ``@recipe("name")``.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from tfsyncmodes import registry
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import communicators
 from tfsyncmodes.exchange.base import Chain
-from tfsyncmodes.exchange.compressed_allreduce import compressed_allreduce
-from tfsyncmodes.exchange.hybrid import hybrid_exchange
-from tfsyncmodes.exchange.staleness import async_exchange
+from tfsyncmodes.exchange.compressed_allreduce import CompressedAllreduce
+from tfsyncmodes.exchange.compressors import Compressor, NoCompression
+from tfsyncmodes.exchange.elastic import PAPER_BETA, alpha_for
+from tfsyncmodes.exchange.groups import knob_field
+from tfsyncmodes.exchange.hybrid import cross_group_link, hybrid_chain
+from tfsyncmodes.exchange.local_steps import SpeedProportionalAverage
+from tfsyncmodes.exchange.memory import Memory, NoMemory, default_memory
+from tfsyncmodes.exchange.policies import CrossGroupPolicy, PeriodicAverage
+from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
+from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
 from tfsyncmodes.exchange.switchable import SwitchableExchange
+from tfsyncmodes.exchange.version import StepVersion, normalises_gradient_scale
 from tfsyncmodes.knobs import KNOBS
 
 Recipe = Callable[..., Chain]
@@ -103,9 +114,11 @@ def sync_exchange(config, groups=None) -> Chain:
     rank, size = communicators.horovod_world()
     if communicators.under_tf_distribute() or size <= 1:
         return Chain()
-    if config.compression != "none":
-        return Chain(compressed_allreduce(config, rank, size))
-    return Chain(communicators.HorovodAllreduce())
+    chosen = compressor(config)
+    if isinstance(chosen, NoCompression):
+        return Chain(communicators.HorovodAllreduce())
+    return Chain(CompressedAllreduce(chosen, memory(config, chosen),
+                                     communicators.across_world(chosen, (rank, size))))
 
 
 @recipe("async")
@@ -122,4 +135,139 @@ def hybrid(config, groups=None) -> Chain:
         raise ConfigError("wrap", "mode=hybrid", "no hybrid strategy's scope is active",
                           "call tfsyncmodes.make_strategy('hybrid') first and wrap with "
                           "strategy.wrap(optimizer) or inside strategy.scope()")
-    return hybrid_exchange(config, groups)
+    chosen = compressor(config)
+    policy = registry.CROSS_GROUP.get(config.cross_group, *knob_field(config, "cross_group"))
+    warmup_steps = config.warmup_steps
+    link = cross_group_link(groups, chosen, memory(config, chosen),
+                            staleness=stale_bound(config) if policy.background else 0,
+                            warmup_steps=warmup_steps, discount=discounts_late_updates(config))
+    return hybrid_chain(groups, cross_group_policy(policy, config, link, warmup_steps))
+
+
+def async_exchange(config, version: Optional[StepVersion] = None) -> Chain:
+    """The version record, then the remedies `config` switches on, in this order:
+
+    1. delay compensation (DC-ASGD): it estimates the gradient at the weights the update is
+       applied to, so every later remedy acts on that estimate, as on a fresh gradient;
+    2. clip by global norm: bounds what is applied, compensation term included;
+    3. the SSP drop (``max_staleness``): an update staler than the bound becomes zero;
+    4. the scalings, 1/(1+staleness) then inverse-time decay (products, so their order and
+       the drop's do not change the result);
+
+    then the inner optimizer's update (momentum acts on the gradient the chain hands it).
+    `version`: the chain's version record (None: a new one).
+    """
+    lam, clip_norm, bound, decay = (config.delay_compensation, config.clip_norm, config.max_staleness,
+                                    config.lr_decay)
+    aware = discounts_late_updates(config)
+    scaling = [knob for knob, on in (("staleness_aware_lr", aware), ("lr_decay", decay > 0)) if on]
+    version = version if version is not None else StepVersion(check_optimizer=refuse_scaling(config, scaling))
+    parts = [version]
+    if lam > 0:
+        parts.append(DelayCompensation(lam))
+    if clip_norm > 0:
+        parts.append(ClipByGlobalNorm(clip_norm))
+    if bound >= 0:  # -1: off
+        parts.append(StaleUpdateDrop(bound, version))
+    if aware:
+        parts.append(StalenessScaling(version))
+    if decay > 0:
+        parts.append(InverseTimeDecay(decay, version))
+    return Chain(*parts)
+
+
+# --- knobs to settings: each knob is read in one function below ------------------------------
+
+def _settings(cls, **settings) -> dict:
+    """The `settings` that `cls`'s constructor declares (a registered part gets the knobs it
+    has a setting for, and no others)."""
+    declared = inspect.signature(cls).parameters
+    return {name: value for name, value in settings.items() if name in declared}
+
+
+def compressor(config) -> Compressor:
+    """``--compression``, with ``--topk_ratio`` as a compressor's ``ratio``."""
+    cls = registry.COMPRESSORS.get(config.compression, config.sources.get("compression", "default"),
+                                   "compression")
+    return cls(**_settings(cls, ratio=config.topk_ratio))
+
+
+def memory(config, chosen: Compressor) -> Memory:
+    """``--error_feedback``: error feedback for a compressor that drops information."""
+    return default_memory(chosen) if config.error_feedback else NoMemory()
+
+
+def discounts_late_updates(config) -> bool:
+    """``--staleness_aware_lr``: late updates count 1 / (1 + steps late) (async and hybrid's
+    stale exchange)."""
+    return config.staleness_aware_lr
+
+
+def stale_bound(config) -> int:
+    """How many steps late a background policy's rounds may be applied (``--staleness``)."""
+    return config.staleness
+
+
+def period(config) -> int:
+    """Updates per round of a round policy (``--staleness`` + 1)."""
+    return config.staleness + 1
+
+
+def outer_optimizer(config):
+    """``--outer_optimizer`` with ``--outer_lr`` (0: the optimizer's own default) and
+    ``--outer_momentum``."""
+    cls = registry.OUTER_OPTIMIZERS.get(config.outer_optimizer, *knob_field(config, "outer_optimizer"))
+    lr = config.outer_lr
+    return cls(**_settings(cls, momentum=config.outer_momentum, **({"lr": lr} if lr else {})))
+
+
+def elastic_alpha(config, num_groups: int) -> float:
+    """The elastic coefficient for `num_groups` groups: ``--elastic_alpha``, or beta / groups
+    with the paper's beta = 0.9 when it is 0. A ConfigError when groups * alpha > 1."""
+    alpha = config.elastic_alpha or None
+    try:
+        return alpha_for(num_groups, alpha)
+    except ValueError:
+        source, field = knob_field(config, "elastic_alpha")
+        raise ConfigError(source, field, f"{alpha} times {num_groups} groups is above 1 (the center would "
+                                         "overshoot the groups' mean)",
+                          f"use a value in (0, {1.0 / num_groups:.6g}], or 0 for {PAPER_BETA}/{num_groups}") from None
+
+
+def cross_group_policy(policy, config, link, warmup_steps: int) -> CrossGroupPolicy:
+    """The cross-group policy class `policy` over `link`, with the settings it declares:
+    ``period`` (``--local_steps=N`` for periodic averaging, else :func:`period`),
+    ``warmup_steps``, ``outer`` (:func:`outer_optimizer`) and ``alpha``
+    (:func:`elastic_alpha`). ``--local_steps=auto`` makes periodic averaging
+    speed-proportional."""
+    local_steps = config.local_steps  # 0: the period; auto: speed-proportional
+    if policy is PeriodicAverage and local_steps == "auto":
+        policy = SpeedProportionalAverage
+    declared = inspect.signature(policy).parameters
+    settings = {}
+    if "period" in declared:
+        fixed = isinstance(local_steps, int) and local_steps > 0 and issubclass(policy, PeriodicAverage)
+        settings["period"] = local_steps if fixed else period(config)
+    if "warmup_steps" in declared:
+        settings["warmup_steps"] = warmup_steps
+    if "outer" in declared:
+        settings["outer"] = outer_optimizer(config)
+    if "alpha" in declared:
+        settings["alpha"] = elastic_alpha(config, link.num_groups)
+    return policy(link, **settings)
+
+
+def refuse_scaling(config, scaling: Sequence[str]) -> Optional[Callable[[object], None]]:
+    """A check for the version record: gradient scaling (the knobs `scaling` turned on) with
+    an optimizer that normalises it away is refused, naming the first knob and its source."""
+    if not scaling:
+        return None
+    knob = scaling[0]
+
+    def check(optimizer) -> None:
+        if normalises_gradient_scale(optimizer):
+            raise ConfigError(config.sources.get(knob, "default"), knob,
+                              f"scales each update's gradient, which {type(optimizer).__name__} normalises away",
+                              "use keras.optimizers.SGD (with momentum if wanted) in async mode, "
+                              f"or turn {knob} off")
+    return check

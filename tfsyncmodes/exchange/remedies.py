@@ -1,11 +1,11 @@
-"""Two more remedies for async mode's stale updates, parts of :func:`async_exchange`'s chain.
+"""Two more remedies for async mode's stale updates, parts of async mode's chain.
 
 - :class:`StaleUpdateDrop` (``--max_staleness=S``): the bounded staleness of SSP, the Stale
   Synchronous Parallel model (Ho et al., NIPS 2013, "More Effective Distributed ML via a Stale
   Synchronous Parallel Parameter Server"). SSP keeps a fast worker from running more than S
   clocks ahead of the slowest by making it wait; a parameter-server update that arrives staler
   than S cannot be waited for any more, so here it is *dropped*: its gradient is scaled to zero.
-  Staleness is :attr:`StepVersion.staleness`, the number of updates that landed between this
+  Staleness is :attr:`~tfsyncmodes.exchange.version.StepVersion.staleness`, the number of updates that landed between this
   worker's read of the variables and its write. Every dropped update is counted in an
   optimizer variable (so on the parameter servers, with the variable's own atomic
   ``assign_add``, exact under concurrent workers, and saved with checkpoints); the training
@@ -46,15 +46,15 @@ from typing import Dict, Optional
 import tensorflow as tf
 
 from tfsyncmodes.exchange.base import Part, densify
-from tfsyncmodes.exchange.staleness import StepVersion, _variable
+from tfsyncmodes.exchange.version import StepVersion, tf_variable
 
 
 def _read(variable) -> tf.Tensor:
-    return tf.identity(_variable(variable).read_value())
+    return tf.identity(tf_variable(variable).read_value())
 
 
 class DelayCompensation(Part):
-    """DC-ASGD-c: ``g + lam * g * g * (w_now - w_read)``."""
+    """DC-ASGD-c: ``g + lam * g * g * (w_now - w_read)``; `lam` > 0 (the paper's 0.04)."""
 
     def __init__(self, lam: float):
         self.lam = lam
@@ -94,8 +94,9 @@ class DelayCompensation(Part):
 
 
 class StaleUpdateDrop(Part):
-    """SSP bound: an update staler than `max_staleness` contributes a zero gradient and is
-    counted in ``dropped`` (an optimizer variable, atomic on the parameter servers)."""
+    """SSP bound: an update staler than `max_staleness` (as `version` measured it) contributes
+    a zero gradient and is counted in ``dropped`` (an optimizer variable, atomic on the
+    parameter servers)."""
 
     def __init__(self, max_staleness: int, version: StepVersion):
         self.max_staleness = max_staleness
@@ -110,7 +111,7 @@ class StaleUpdateDrop(Part):
     def transform(self, grads, variables):
         drop = self.version.staleness > self.max_staleness
         keep = 1.0 - tf.cast(drop, tf.float32)
-        counted = _variable(self.dropped).assign_add(tf.cast(drop, tf.int64), read_value=False) \
+        counted = tf_variable(self.dropped).assign_add(tf.cast(drop, tf.int64), read_value=False) \
             if self.dropped is not None else None
         deps = [counted] if counted is not None else []
         with tf.control_dependencies(deps):

@@ -149,7 +149,7 @@ class SwitchableExchange(Chain):
 
 def _cross_group_policies(exchange: Chain) -> list:
     """The cross-group policies of `exchange` that exchange with other groups."""
-    return [p for p in exchange.find(CrossGroupPolicy) if p.link.active]
+    return [p for p in exchange.find(CrossGroupPolicy) if p.active]
 
 
 def _variables_of(optimizer) -> Sequence:

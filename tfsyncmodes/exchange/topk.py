@@ -54,7 +54,7 @@ def load_native():
         return None
 
 
-class TopK:
+class TopKSelection:
     """Selection and decompression with one implementation: ``auto`` takes ``native`` when it
     is built and ``ops`` otherwise; ``native`` without the library is an error."""
 
@@ -120,5 +120,5 @@ def top_k_indices(flat: tf.Tensor, k: int, sample_size: int = SAMPLE_SIZE) -> tf
 
 def implementation_of(compressor) -> Optional[str]:
     """``native`` or ``ops`` for a Top-K compressor, None for another one."""
-    topk = getattr(compressor, "topk", None)
-    return topk.implementation if isinstance(topk, TopK) else None
+    selection = getattr(compressor, "selection", None)
+    return selection.implementation if isinstance(selection, TopKSelection) else None

@@ -1,6 +1,8 @@
 """Bytes on the cross-group wire, counted from the payloads really sent."""
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import tensorflow as tf
 
 from tfsyncmodes.exchange.base import StateFactory
@@ -27,3 +29,11 @@ class WireTraffic:
     def record(self, sent_bytes: tf.Tensor):
         return tf.group(self.last_step.assign(sent_bytes), self.total.assign_add(sent_bytes),
                         self.steps.assign_add(1))
+
+    def last(self) -> Optional[int]:
+        """Bytes of the last step (None before build)."""
+        return int(self.last_step.numpy()) if self.last_step is not None else None
+
+    def counts(self) -> Optional[Tuple[int, int]]:
+        """(bytes, steps) so far (None before build)."""
+        return (int(self.total.numpy()), int(self.steps.numpy())) if self.total is not None else None

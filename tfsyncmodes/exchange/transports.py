@@ -1,9 +1,10 @@
 """Transports: when a cross-group round runs relative to the training step.
 
 Contract: ``build(ctx, state, start)``, ``__call__(payload) -> the other groups' part``,
-``flush()``, ``close()``, ``lag()``. :class:`InStep` runs the round inside the step;
-:class:`BackgroundExchange` runs rounds on a thread and applies them up to `staleness` steps
-late, composing an :class:`InStep` for its lock-step warm-up.
+``flush()``, ``discard()``, ``close()``, ``lag()``, ``rounds_applied()``, and the
+communicator's ``num_groups`` and ``own_group``. :class:`InStep` runs the round inside the
+step; :class:`BackgroundExchange` runs rounds on a thread and applies them up to `staleness`
+steps late, composing an :class:`InStep` for its lock-step warm-up.
 """
 from __future__ import annotations
 
@@ -14,25 +15,51 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tfsyncmodes.exchange import communicators
+
 log = logging.getLogger(__name__)
 
 
 class InStep:
-    """The exchange runs inside the training step: the step waits for every group."""
+    """The exchange runs inside the training step: the step waits for every group.
+    `communicator` carries `compressor`'s payloads across the groups."""
+
+    background = False  # rounds are applied at the step that sends them
 
     def __init__(self, communicator, compressor):
         self.communicator = communicator
         self.compressor = compressor
         self.ctx = None
 
+    @property
+    def num_groups(self) -> int:
+        return self.communicator.num_groups
+
+    @property
+    def own_group(self) -> int:
+        """This rank's group index."""
+        return self.communicator.own
+
     def build(self, ctx, state, start: bool = True) -> None:
         del state, start
         self.ctx = ctx
 
+    def payload_spec(self):
+        """(dtype, shape) of each payload tensor of the built tensor."""
+        return self.compressor.payload_spec(self.ctx)
+
+    def round(self, payload, name: str):
+        """One round across groups: the sum of the other groups' updates, dense."""
+        return self.communicator.send_receive(tuple(payload), self.compressor, self.ctx, name)
+
     def __call__(self, payload):
-        return self.communicator.send_receive(payload, self.compressor, self.ctx, "tfsync.hybrid.cross")
+        return self.round(payload, "tfsync.hybrid.cross")
 
     def lag(self) -> Optional[int]:
+        return None
+
+    def rounds_applied(self) -> Optional[int]:
+        """Background rounds applied so far (None: rounds run in the step)."""
         return None
 
     def flush(self, timeout: Optional[float] = None) -> None:
@@ -66,10 +93,18 @@ class BackgroundExchange:
     was sent counts 1 / (1 + l), as in staleness-aware asynchronous SGD (Zhang et al., 2016).
     The warm-up keeps the first, largest and fastest-changing updates fresh, as Deep Gradient
     Compression's warm-up does.
+
+    `in_step`: the transport of the warm-up, whose communicator the thread uses;
+    `group_set`: this rank's group's process set (None: a group of one rank).
     """
 
-    def __init__(self, in_step: InStep, staleness: int, warmup_steps: int = 0, group_set=None,
+    background = True
+
+    def __init__(self, in_step: InStep, staleness: int = 1, warmup_steps: int = 0, group_set=None,
                  discount: bool = False):
+        if staleness < 1:
+            raise ValueError(f"a background exchange with staleness {staleness}: use 1 or more "
+                             "(0 is the in-step exchange, InStep)")
         self.in_step = in_step
         self.staleness = staleness
         self.warmup_steps = warmup_steps
@@ -81,12 +116,20 @@ class BackgroundExchange:
         self._done = threading.Condition()
         self._thread = None
 
+    @property
+    def num_groups(self) -> int:
+        return self.in_step.num_groups
+
+    @property
+    def own_group(self) -> int:
+        return self.in_step.own_group
+
     def build(self, ctx, state, start: bool = True):
         self.in_step.build(ctx, state)
         self._step = state("hybrid_steps", [], tf.int64)  # a resumed run does not warm up again
         if not start:
             return
-        specs = self.in_step.compressor.payload_spec(ctx)
+        specs = self.in_step.payload_spec()
         with tf.init_scope():
             # Rounds in flight belong to this process's queues, not to the optimizer state: a
             # checkpoint holds the model with every round applied so far.
@@ -105,14 +148,13 @@ class BackgroundExchange:
         """Rounds handed over but not applied yet: how many steps late the exchange runs."""
         return int(self._sent.numpy() - self.applied.numpy()) if self._sent is not None else None
 
+    def rounds_applied(self) -> Optional[int]:
+        """Rounds applied so far (None before the thread starts)."""
+        return int(self.applied.numpy()) if self.applied is not None else None
+
     def _agreed(self, available):
         """The number of rounds every rank of this group has in (a Min over the group)."""
-        if self.group_set is None:
-            return available
-        import horovod.tensorflow as hvd
-
-        return hvd.allreduce(available, op=hvd.Min, process_set=self.group_set,
-                             name="tfsync.hybrid.rounds_in")
+        return communicators.group_min(available, self.group_set, "tfsync.hybrid.rounds_in")
 
     def _background(self, payload):
         put = self._outbox.enqueue(list(payload))
@@ -148,9 +190,7 @@ class BackgroundExchange:
             if not isinstance(payload, (list, tuple)):
                 payload = [payload]
             try:
-                mean = self.in_step.communicator.send_receive(
-                    tuple(payload), self.in_step.compressor, self.in_step.ctx,
-                    f"tfsync.hybrid.round{self._served}")
+                mean = self.in_step.round(payload, f"tfsync.hybrid.round{self._served}")
                 self._inbox.enqueue([mean])
             except Exception as error:  # a failed peer or a shut-down Horovod: fail the step
                 self._error = error

@@ -1,13 +1,15 @@
 """Callbacks that a mode requires, for the Keras in use (see :mod:`tfsyncmodes.keras.compat`).
 
-Horovod's own ``horovod.tensorflow.keras`` callbacks do not support Keras 3; these call
-``horovod.tensorflow`` tensor ops directly and work with both Keras versions.
+Horovod's own ``horovod.tensorflow.keras`` callbacks do not support Keras 3; these run
+Horovod's tensor collectives through :mod:`tfsyncmodes.exchange.communicators` and work with
+both Keras versions.
 """
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
+from tfsyncmodes.exchange import communicators
 from tfsyncmodes.keras.compat import keras
 
 
@@ -27,8 +29,6 @@ class BroadcastInitialState(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self.done:
             return
-        import horovod.tensorflow as hvd
-
         model = self.model
         optimizer = model.optimizer
         if optimizer is not None and hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
@@ -36,11 +36,7 @@ class BroadcastInitialState(keras.callbacks.Callback):
         variables = list(model.variables)
         if optimizer is not None:
             variables += list(optimizer.variables)
-        kwargs = {} if self.process_set is None else {"process_set": self.process_set}
-        for index, variable in enumerate(variables):
-            value = hvd.broadcast(tf.convert_to_tensor(variable), self.root_rank,
-                                  name=f"tfsync.broadcast.{index}", **kwargs)
-            variable.assign(value)
+        communicators.broadcast_variables(variables, self.root_rank, "tfsync.broadcast", self.process_set)
         self.done = True
 
 
@@ -51,11 +47,9 @@ class MetricAverage(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
             return
-        import horovod.tensorflow as hvd
-
         for key in sorted(logs):
             value = logs[key]
             if isinstance(value, (int, float, np.floating, np.integer)) or tf.is_tensor(value):
-                averaged = hvd.allreduce(tf.constant(float(value), tf.float64), op=hvd.Average,
-                                         name=f"tfsync.metric.{key}")
+                averaged = communicators.world_average(tf.constant(float(value), tf.float64),
+                                                       f"tfsync.metric.{key}")
                 logs[key] = float(averaged.numpy())

@@ -1,7 +1,8 @@
 """Callbacks hybrid mode adds: wire traffic in the logs, and draining the cross-group exchange
 at the end of training.
 
-Both use the wrapped optimizer's public ``exchange`` (Keras 3 and tf_keras alike).
+Both use the wrapped optimizer's public ``exchange`` (Keras 3 and tf_keras alike), and the
+public methods of its cross-group policies and their links.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def _links(model):
     exchange = getattr(getattr(model, "optimizer", None), "exchange", None)
     if exchange is None:
         return []
-    return [p.link for p in exchange.find(CrossGroupPolicy) if p.link.active]
+    return [p.link for p in exchange.find(CrossGroupPolicy) if p.active]
 
 
 class WireTrafficLogger(keras.callbacks.Callback):
@@ -30,43 +31,39 @@ class WireTrafficLogger(keras.callbacks.Callback):
         self._epoch_start = (0, 0)
         self._lags = []
 
-    def _counters(self):
+    def _counts(self):
         links = _links(self.model)
-        if not links or links[0].traffic.total is None:
-            return None
-        traffic = links[0].traffic
-        return traffic, int(traffic.total.numpy()), int(traffic.steps.numpy())
+        return (links[0], links[0].traffic_counts()) if links else (None, None)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._lags = []
-        counters = self._counters()
-        if counters is not None:
-            self._epoch_start = counters[1:]
+        _, counts = self._counts()
+        if counts is not None:
+            self._epoch_start = counts
 
     def on_train_batch_end(self, batch, logs=None):
         # Every step: one look-up of the exchange, and only the counters the batch logs show.
-        links = _links(self.model)
-        if not links or links[0].traffic.last_step is None or logs is None:
+        links = _links(self.model) if logs is not None else []
+        sent = links[0].bytes_sent() if links else None
+        if sent is None:
             return
-        traffic = links[0].traffic
-        sent = float(traffic.last_step.numpy())
-        logs["bytes_sent"] = sent
-        logs["compression_ratio"] = sent / traffic.dense_bytes
-        lag = links[0].transport.lag()
+        logs["bytes_sent"] = float(sent)
+        logs["compression_ratio"] = float(sent) / links[0].dense_bytes
+        lag = links[0].lag()
         if lag is not None:
             self._lags.append(lag)
             logs["cross_group_lag"] = float(self._lags[-1])
 
     def on_epoch_end(self, epoch, logs=None):
-        counters = self._counters()
-        if counters is None or logs is None:
+        link, counts = self._counts()
+        if counts is None or logs is None:
             return
-        traffic, total, steps = counters
+        total, steps = counts
         steps -= self._epoch_start[1]
         if steps > 0:
             per_step = (total - self._epoch_start[0]) / steps
             logs["bytes_sent"] = per_step
-            logs["compression_ratio"] = per_step / traffic.dense_bytes
+            logs["compression_ratio"] = per_step / link.dense_bytes
         if self._lags:
             logs["cross_group_lag"] = sum(self._lags) / len(self._lags)
 

@@ -15,12 +15,13 @@ import tensorflow as tf
 import tf_keras
 from absl import logging
 
+from tfsyncmodes.exchange.remedies import StaleUpdateDrop
+
 
 def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verbose):
     optimizer = model.optimizer
     if not hasattr(optimizer, "begin_step"):
         raise TypeError("async training needs the optimizer from tfsyncmodes.wrap(optimizer, 'async')")
-    from tfsyncmodes.exchange.remedies import StaleUpdateDrop
 
     original_train_step = model.train_step
     original_metrics_result = model.get_metrics_result

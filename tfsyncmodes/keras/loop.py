@@ -16,6 +16,8 @@ import tensorflow as tf
 from absl import logging
 
 from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.exchange.remedies import dropped_counter
+from tfsyncmodes.exchange.version import make_counter_atomic
 
 
 def _to_float(value) -> float:
@@ -96,8 +98,6 @@ def make_metrics_atomic(model) -> None:
     ``assign_add``; on a parameter server, workers updating them at once lose increments (an
     accuracy above 1 was seen). Each becomes the variable's own atomic ``assign_add``, as the
     wrapped optimizer does with ``iterations``."""
-    from tfsyncmodes.exchange.staleness import make_counter_atomic
-
     for variable in model.metrics_variables:
         make_counter_atomic(variable)
 
@@ -134,8 +134,6 @@ class CoordinatorRunner(StepRunner):
         self._optimizer = model.optimizer
         self._pending = []
         self._count_at_epoch_start = None
-        from tfsyncmodes.exchange.remedies import dropped_counter
-
         self._dropped = dropped_counter(self._optimizer)  # None unless --max_staleness is set
         self._dropped_at_epoch_start = 0
 
