@@ -18,7 +18,7 @@ rank measures, interleaved with sync mode on the same model and data:
       same with error feedback, all ranks compressing at once against sync mode's step, and
       each stage of the selection alone (where the time goes). ``--only_b`` runs (a) and (b)
       only and updates just (b)'s section and JSON key;
-  (c) with rank 1 slowed 4x (``--slow_worker=1:4.0``), the time until the model's loss on a
+  (c) with rank 1 slowed 4x (``--sync_slow_worker=1:4.0``), the time until the model's loss on a
       fixed evaluation batch first reaches a target, hybrid over sync (target <= 0.6), for
       three targets: the losses sync reaches after 1/4, 1/2 and 3/4 of its `steps`; hybrid runs
       `hybrid_steps_factor` times as many steps, so that its fast group can keep training
@@ -59,7 +59,7 @@ from scripts.benchlib import replace_section, run_ranks  # noqa: E402
 flags.DEFINE_integer("np", 4, "Horovod ranks (groups of 2).")
 flags.DEFINE_integer("steps", 120, "Steps of each timed straggler run (c).")
 flags.DEFINE_integer("speed_steps", 40, "Steps of each timed speed run (d).")
-DEFAULT_CONFIGS = {"defaults": {}, "fixed": {"local_steps": 0},
+DEFAULT_CONFIGS = {"defaults": {}, "fixed": {"local_steps": "fixed"},
                    "stale_s400": {"cross_group": "stale", "staleness": 400, "compression": "topk"}}
 flags.DEFINE_string("configs", json.dumps(DEFAULT_CONFIGS),
                     "JSON: name -> hybrid knobs over the shipped defaults, for (c) and (d).")
@@ -329,11 +329,11 @@ STAGES = {  # (b)'s breakdown: stage key, what it is
 
 def shipped_period() -> tuple:
     """(cross_group, updates between two cross-group exchanges) with the shipped defaults:
-    periodic compresses once every staleness + 1 updates, stale every update."""
+    periodic compresses once every period updates, stale every update."""
     from tfsyncmodes import config as config_lib
 
     defaults = config_lib.resolve({"mode": "hybrid"}, environ={}, use_flags=False)
-    return defaults.cross_group, (defaults.staleness + 1 if defaults.cross_group == "periodic" else 1)
+    return defaults.cross_group, (defaults.period if defaults.cross_group == "periodic" else 1)
 
 
 def compression_report(per_rank, sync_step, docs_dir) -> dict:
@@ -382,7 +382,7 @@ def compression_report(per_rank, sync_step, docs_dir) -> dict:
         f"model and batch with no exchange ({step['median']:.3f} ms, {step['min']:.3f}-{step['max']:.3f}), "
         f"interleaved in {len(rounds)} rounds (median of 15 calls each; cells: median of the rounds, their "
         f"range in brackets). Per training step: the shipped cross_group={cross_group} compresses once every "
-        f"{period} updates (staleness + 1), so its cost per step is the per-call cost / {period}.",
+        f"{period} updates (the knob period), so its cost per step is the per-call cost / {period}.",
         "",
         "| implementation | per call (ms) | per call / dense step | per training step / dense step | "
         "with error feedback, per call / dense step | per training step | all ranks at once / sync step |",
@@ -503,7 +503,7 @@ def write_report(per_rank, docs_dir, accuracy=None):
     shipped = config_lib.resolve({"mode": "hybrid"}, environ={}, use_flags=False)
     runs.append({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": LOAD[0],
                  "shipped_defaults": {k: getattr(shipped, k) for k in (
-                     "cross_group", "staleness", "local_steps", "compression", "topk_ratio", "outer_optimizer")},
+                     "cross_group", "staleness", "period", "local_steps", "compression", "topk_ratio", "outer_optimizer")},
                  "load_after": os.getloadavg()[0], "repeats": FLAGS.repeats, "steps": FLAGS.steps,
                  "hybrid_steps": FLAGS.steps * FLAGS.hybrid_steps_factor,
                  "sync_s": [{k: round(v, 2) for k, v in r["sync_s"].items()} for r in sync_runs],
@@ -616,12 +616,12 @@ def digits_accuracy():
     found = {"config": FLAGS.accuracy_config + (f" {json.dumps(knobs)}" if knobs else "")}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("sync", "hybrid"):
-            extra = [f"--{k}={v}" for k, v in knobs.items()] if mode == "hybrid" else []
+            extra = [f"--sync_{k}={v}" for k, v in knobs.items()] if mode == "hybrid" else []
             metrics = os.path.join(tmp, f"{mode}.json")
             command = [sys.executable, train, f"--sync_mode={mode}", f"--epochs={FLAGS.accuracy_epochs}",
                        f"--model_dir={os.path.join(tmp, mode)}", f"--metrics_file={metrics}"] + extra
             if mode == "hybrid":
-                command.append("--group_size=2")
+                command.append("--sync_group_size=2")
             result = localrun.run(localrun.horovodrun_command(FLAGS.np, command), timeout=1800,
                                   env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"))
             if result.returncode != 0:

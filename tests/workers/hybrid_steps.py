@@ -42,7 +42,7 @@ def main(argv):
 
     class SleepAfterStep(keras.callbacks.Callback):
         """A scenario's straggler: sleeps a fixed time after every step (FACTOR / 4 seconds for
-        --slow_worker=INDEX:FACTOR), far above a step of this model on a loaded host, from the
+        --sync_slow_worker=INDEX:FACTOR), far above a step of this model on a loaded host, from the
         first step on."""
 
         def __init__(self, factor):
@@ -85,7 +85,7 @@ def main(argv):
                      else keras.optimizers.Adam(reference.LR))
             model.compile(optimizer=tfsyncmodes.wrap(inner, config=knobs), loss="mse", jit_compile=False)
         rounds = RoundsApplied()
-        # A scenario's own straggler (--slow_worker among its knobs), after the required callbacks.
+        # A scenario's own straggler (--sync_slow_worker among its knobs), after the required callbacks.
         factor = slow_worker_factor(knobs, rank)
         slow = [SleepAfterStep(factor)] if factor > 1.0 and not base.slow_worker else []
         history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0,

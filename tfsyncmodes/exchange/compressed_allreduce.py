@@ -1,4 +1,4 @@
-"""Sync mode with ``--compression`` under Horovod: every rank compresses its own gradient
+"""Sync mode with ``--sync_compression`` under Horovod: every rank compresses its own gradient
 (with error feedback), every payload crosses (allgather for Top-K, whose indices differ per
 rank; an allreduce in the payload's dtype for fp16), and every rank applies the same
 decompressed mean, summed in rank order, so the ranks' weights stay identical bit for bit.

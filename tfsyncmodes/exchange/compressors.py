@@ -12,7 +12,7 @@ index, so the concatenation of several ranks' Top-K payloads decompresses to the
 updates: that is how an allgather of sparse payloads is reduced.
 
 A new compressor: a subclass here (or in a module of its own) with
-``@COMPRESSORS.register("name")``; ``--compression=name`` then selects it. Its constructor
+``@COMPRESSORS.register("name")``; ``--sync_compression=name`` then selects it. Its constructor
 takes the run's config.
 """
 from __future__ import annotations
@@ -74,7 +74,7 @@ class FP16Compressor(Compressor):
 class TopKCompressor(Compressor):
     """The k = ceil(ratio * size) entries of largest magnitude, as float32 values and int32
     indices (int32 halves the index bytes; updates beyond 2**31 entries are refused).
-    ``--topk_ratio`` sets the ratio. The selection is exact (see :mod:`~tfsyncmodes.exchange.topk`
+    ``--sync_topk_ratio`` sets the ratio. The selection is exact (see :mod:`~tfsyncmodes.exchange.topk`
     for its two implementations: compiled kernels when ``scripts/install.sh`` built them,
     TensorFlow ops otherwise)."""
 

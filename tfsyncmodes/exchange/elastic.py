@@ -1,9 +1,9 @@
-"""Elastic averaging across hybrid groups (``--cross_group=elastic``): EASGD, after Zhang,
+"""Elastic averaging across hybrid groups (``--sync_cross_group=elastic``): EASGD, after Zhang,
 Choromanska and LeCun, *Deep learning with Elastic Averaging SGD* (NeurIPS 2015,
 arXiv 1412.6651).
 
-Each group trains on its own group mean. Every tau = staleness + 1 updates (every update
-during the first ``--warmup_steps``), after the inner update:
+Each group trains on its own group mean. Every tau = ``--sync_period`` updates (every update
+during the first ``--sync_warmup_steps``), after the inner update:
 
 1. every group sends its elastic difference ``d_g = x_g - center`` through the cross-group
    link (error feedback, then the configured compressor, like periodic's pseudo-gradient);
@@ -27,9 +27,9 @@ periodic averaging: with alpha = 1/G (beta = 1) the center becomes ``center + me
 exactly periodic's ``anchor + mean change`` with the same compressor and error feedback, and
 every group lands on it, as periodic's do on the anchor. For small alpha the two agree to
 first order on how far the center moves; a group is pulled G times harder than in the paper,
-so it explores less for the same alpha (a smaller ``--elastic_alpha`` gives more exploration).
+so it explores less for the same alpha (a smaller ``--sync_elastic_alpha`` gives more exploration).
 
-``--elastic_alpha=0`` (the default) takes the paper's recommendation alpha = beta / p with
+``--sync_elastic_alpha=auto`` (the default) takes the paper's recommendation alpha = beta / p with
 beta = 0.9 (p: the number of groups), so the center moves 0.9 of the way to the groups' mean
 each round; alpha must keep beta = G * alpha <= 1 (the paper's stability range for the center,
 0 <= beta <= 1). The paper's momentum variant (EAMSGD) is local Nesterov momentum inside each
@@ -51,16 +51,16 @@ PAPER_BETA = 0.9  # the paper's recommended moving rate of the center: alpha = b
 
 
 def elastic_alpha(config, num_groups: int) -> float:
-    """The elastic coefficient for `num_groups` groups: ``--elastic_alpha``, or beta / groups
+    """The elastic coefficient for `num_groups` groups: ``--sync_elastic_alpha``, or beta / groups
     with the paper's beta = 0.9 when it is 0. A ConfigError when groups * alpha > 1."""
-    alpha = config.elastic_alpha or PAPER_BETA / num_groups
+    alpha = PAPER_BETA / num_groups if config.elastic_alpha == "auto" else config.elastic_alpha
     if num_groups * alpha > 1.0 + 1e-12:
         from tfsyncmodes.exchange.groups import _field
 
         source, field = _field(config, "elastic_alpha")
         raise ConfigError(source, field, f"{alpha} times {num_groups} groups is above 1 (the center would "
                                          "overshoot the groups' mean)",
-                          f"use a value in (0, {1.0 / num_groups:.6g}], or 0 for {PAPER_BETA}/{num_groups}")
+                          f"use a value in (0, {1.0 / num_groups:.6g}], or auto for {PAPER_BETA}/{num_groups}")
     return alpha
 
 

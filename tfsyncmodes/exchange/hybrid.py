@@ -2,15 +2,15 @@
 
     hybrid = Chain(
         HorovodAllreduce(group process set),     # dense group mean, every step
-        <cross-group policy>(config, link))      # --cross_group, looked up in CROSS_GROUP
+        <cross-group policy>(config, link))      # --sync_cross_group, looked up in CROSS_GROUP
 
-    link = CrossGroupLink(compressor,            # --compression, looked up in COMPRESSORS
+    link = CrossGroupLink(compressor,            # --sync_compression, looked up in COMPRESSORS
                           memory,                # error feedback (MEMORIES)
                           transport)             # in the step, or on a background thread
 
 A policy with ``background = True`` (``stale``) and staleness > 0 runs its rounds on a background thread, applied up to
 `staleness` steps late; everything else exchanges inside the step. ``periodic`` (local SGD)
-averages the groups' model changes every staleness + 1 steps after the inner update.
+averages the groups' model changes every ``period`` steps after the inner update.
 At the end of training every rank moves to the mean of the groups' models.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``--local_steps=auto``: each group runs as many inner steps per round as its speed allows.
+"""``--sync_local_steps=auto``: each group runs as many inner steps per round as its speed allows.
 
 Dynamic local updates (DyLU) from Async Local-SGD (Liu et al., 2024, "Asynchronous Local-SGD
 Training for Language Modeling", arXiv 2401.09135): a worker's number of local steps is
@@ -10,7 +10,7 @@ the *plan* adapts: at each round every rank allgathers (group, step time, steps 
 round, steps left in the epoch), and every rank derives the same next plan from those numbers
 (the collectives of the next round match on every rank by construction).
 
-- The fastest group runs ``H = staleness + 1`` inner steps per round, group g
+- The fastest group runs ``H = period`` inner steps per round, group g
   ``round(H * t_fastest / t_g)`` (at least 1; rounded to the nearest rather than floored as in
   the paper, so that timing noise between equal groups does not cost a step). ``t_g`` is an
   exponential moving average of the wall time between a group's consecutive updates (the
@@ -19,7 +19,7 @@ round, steps left in the epoch), and every rank derives the same next plan from 
 - The outer average weights each group's pseudo-gradient by the samples it processed since
   the last round (its inner steps; per-rank batches are equal): each group sends
   ``w_g * (model - anchor)`` with ``w_g = steps_g / sum(steps)`` through the compressor and
-  error feedback, and the weighted sum is the mean change the ``--outer_optimizer`` applies.
+  error feedback, and the weighted sum is the mean change the ``--sync_outer_optimizer`` applies.
 - Groups stay within one round of each other (every round is a collective). An epoch ends at
   the round where the first group has run all of its steps; the other groups end that epoch
   there too (:meth:`ends_epoch`, acted on by the ``DrainExchange`` callback), so that every
@@ -46,11 +46,11 @@ NEWEST = 0.3  # weight of the newest step time in the moving average
 
 
 class SpeedProportionalAverage(PeriodicAverage):
-    """Periodic averaging with speed-proportional local steps (``--local_steps=auto``)."""
+    """Periodic averaging with speed-proportional local steps (``--sync_local_steps=auto``)."""
 
     def __init__(self, config, link):
         super().__init__(config, link)
-        self.h_max = config.staleness + 1
+        self.h_max = config.period
         self.plan = self.since = self.rounds = self.totals = None
         self.round_log = None
         self._step_time = self._last_end = self._epoch_steps = self._epoch_step = self._epoch_over = None

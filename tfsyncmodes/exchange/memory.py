@@ -62,6 +62,6 @@ class ResidualMemory(Memory):
 
 
 def for_config(config, compressor: Compressor) -> Memory:
-    """Error feedback when `compressor` drops information and ``--error_feedback`` is on."""
+    """Error feedback when `compressor` drops information and ``--sync_error_feedback`` is on."""
     name = "residual" if config.error_feedback and not compressor.lossless else "none"
     return MEMORIES.get(name)()

@@ -1,5 +1,5 @@
 """Cross-group policies: how hybrid groups, each averaging densely inside, keep in step with
-each other (``--cross_group``).
+each other (``--sync_cross_group``).
 
 Contract: a :class:`CrossGroupPolicy` is an exchange :class:`~tfsyncmodes.exchange.base.Part`
 built from the run's config and a :class:`~tfsyncmodes.exchange.link.CrossGroupLink`
@@ -11,7 +11,7 @@ A policy's state (anchors, counters) is created with the ``state`` factory, so i
 state. With a single group a policy builds its state and does nothing else.
 
 A new policy: a subclass here (or in its own module) with ``@CROSS_GROUP.register("name")``;
-one that acts every staleness + 1 updates subclasses :class:`RoundPolicy` and writes its
+one that acts every ``period`` updates subclasses :class:`RoundPolicy` and writes its
 :meth:`RoundPolicy.round` (periodic and elastic do).
 """
 from __future__ import annotations
@@ -94,7 +94,7 @@ class StaleExchange(CrossGroupPolicy):
 
 class RoundPolicy(CrossGroupPolicy):
     """Base of the policies that act in rounds after the inner update: every `period`-th update
-    (period = staleness + 1; every update during the first `warmup_steps`) :meth:`round` runs,
+    (the knob ``period``; every update during the first `warmup_steps`) :meth:`round` runs,
     otherwise the link idles. A round policy keeps a reference copy of the model (periodic's
     anchor, elastic's center), set to the model before the first update (after the initial
     broadcast), and an update counter, both optimizer state named by the subclass."""
@@ -103,7 +103,7 @@ class RoundPolicy(CrossGroupPolicy):
 
     def __init__(self, config, link):
         super().__init__(config, link)
-        self.period = config.staleness + 1
+        self.period = config.period
         self.warmup_steps = config.warmup_steps
         self.reference = self.step = None
 
@@ -146,11 +146,11 @@ class RoundPolicy(CrossGroupPolicy):
 @CROSS_GROUP.register("periodic")
 class PeriodicAverage(RoundPolicy):
     """Local SGD across groups: each group applies its own group mean; after every `period`-th
-    update (period = staleness + 1; every update during the first `warmup_steps`) the groups
+    update (the knob ``period``; every update during the first `warmup_steps`) the groups
     average how far their models moved since the last average (the *pseudo-gradient*), sent
     through the compressor with error feedback, and :meth:`outer_update` applies that mean
-    change to the anchor with the ``--outer_optimizer``. Groups are at most period - 1 updates
-    apart between averages. ``--local_steps=N`` sets the period to N; ``--local_steps=auto``
+    change to the anchor with the ``--sync_outer_optimizer``. Groups are at most period - 1 updates
+    apart between averages. ``--sync_local_steps=auto``
     builds :class:`~tfsyncmodes.exchange.local_steps.SpeedProportionalAverage` instead."""
 
     reference_name, step_name = "local_sgd_anchor", "local_sgd_step"
@@ -164,9 +164,6 @@ class PeriodicAverage(RoundPolicy):
 
     def __init__(self, config, link):
         super().__init__(config, link)
-        fixed = getattr(config, "local_steps", 0)
-        if isinstance(fixed, int) and fixed > 0:
-            self.period = fixed
         self.outer = OUTER_OPTIMIZERS.get(config.outer_optimizer)(config)
 
     @property

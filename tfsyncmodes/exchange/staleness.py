@@ -143,15 +143,15 @@ def async_exchange(config, version: Optional[StepVersion] = None) -> Chain:
 
     version = version if version is not None else StepVersion(config)
     parts = [version]
-    if config.delay_compensation > 0:
+    if config.delay_compensation != "off":
         parts.append(DelayCompensation(config.delay_compensation))
-    if config.clip_norm > 0:
+    if config.clip_norm != "off":
         parts.append(ClipByGlobalNorm(config.clip_norm))
-    if config.max_staleness >= 0:
+    if config.max_staleness != "off":
         parts.append(StaleUpdateDrop(config.max_staleness, version))
     if config.staleness_aware_lr:
         parts.append(StalenessScaling(version))
-    if config.lr_decay > 0:
+    if config.lr_decay != "off":
         parts.append(InverseTimeDecay(config.lr_decay, version))
     return Chain(*parts)
 
@@ -164,7 +164,7 @@ def check_inner_optimizer(config, optimizer) -> None:
     """Refuses gradient-scaling remedies with optimizers that normalise the scale away."""
     name = type(optimizer).__name__
     scaling = [flag for flag, on in (("staleness_aware_lr", config.staleness_aware_lr),
-                                     ("lr_decay", config.lr_decay > 0)) if on]
+                                     ("lr_decay", config.lr_decay != "off")) if on]
     if scaling and name.removeprefix("Sync") in SCALE_INVARIANT:
         raise ConfigError(config.sources.get(scaling[0], "default"), scaling[0],
                           f"scales each update's gradient, which {name} normalises away",

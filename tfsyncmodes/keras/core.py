@@ -42,7 +42,7 @@ class SyncCore:
 
         config = config_lib.from_saved(knobs)
         defaulted = [k for k in knobs.get(DEFAULTED, ()) if k in config.sources]
-        if defaulted:  # knobs a switching run derives per mode (compression: topk in hybrid)
+        if defaulted:  # knobs a switching run derives per mode (Knob.mode_defaults)
             config = dataclasses.replace(config, sources={**config.sources, **{k: "default" for k in defaulted}})
         strategy = ModeStrategy.current()
         if config.mode_schedule:  # a switching run's optimizer: the strategy of the same schedule
@@ -88,7 +88,7 @@ class SyncCore:
 
 
 def exchange_for(config, strategy) -> Chain:
-    """The mode's exchange; when a switch plan is in force (``--mode_schedule``), one exchange
+    """The mode's exchange; when a switch plan is in force (``--sync_mode_schedule``), one exchange
     per mode of the plan behind a holder that runs the active one."""
     from tfsyncmodes import switching
 

@@ -136,7 +136,7 @@ class CoordinatorRunner(StepRunner):
         self._count_at_epoch_start = None
         from tfsyncmodes.exchange.remedies import dropped_counter
 
-        self._dropped = dropped_counter(self._optimizer)  # None unless --max_staleness is set
+        self._dropped = dropped_counter(self._optimizer)  # None unless --sync_max_staleness is set
         self._dropped_at_epoch_start = 0
 
     def step(self):

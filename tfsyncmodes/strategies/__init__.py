@@ -24,7 +24,7 @@ def make_strategy(mode: Optional[str] = None, *, backend: Optional[str] = None,
     """
     if config is None:
         config = config_lib.resolve({"mode": mode, "backend": backend})
-    planned = switching.plan_for(config)  # a run that switches modes (--mode_schedule)
+    planned = switching.plan_for(config)  # a run that switches modes (--sync_mode_schedule)
     if planned is not None:
         from tfsyncmodes.strategies.scheduled import SwitchingMode
 

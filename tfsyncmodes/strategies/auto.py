@@ -12,7 +12,7 @@ from tfsyncmodes.strategies.base import Mode
 
 @MODES.register("auto")
 class AutoMode(Mode):
-    schedulable = False  # it picks a mode; a --mode_schedule names the modes themselves
+    schedulable = False  # it picks a mode; a --sync_mode_schedule names the modes themselves
 
     def make_strategy(self, config, horovod, tf_config):
         from tfsyncmodes.switching import auto, candidates
@@ -43,7 +43,7 @@ class AutoMode(Mode):
 
 def _settings(config, choice, horovod) -> dict:
     """The knobs the choice sets: the mode, the policy, the groups, and the chosen mode's own
-    defaults for knobs left at their default (e.g. hybrid's Top-K compression)."""
+    defaults for knobs left at their default (``Knob.mode_defaults``)."""
     from tfsyncmodes.knobs import KNOBS
 
     settings = {knob.key: knob.default_for(choice.mode) for knob in KNOBS
@@ -53,7 +53,7 @@ def _settings(config, choice, horovod) -> dict:
     if choice.groups:
         settings["groups"] = ";".join(",".join(map(str, g)) for g in choice.groups)
         sources["groups"] = "auto"
-    elif (choice.mode == "hybrid" and not config.groups and not config.group_size and horovod is not None
+    elif (choice.mode == "hybrid" and not config.groups and config.group_size == "host" and horovod is not None
           and horovod.local_size == horovod.size):  # one host: two halves, not one group
         settings["group_size"] = max(horovod.size // 2, 1)
         sources["group_size"] = "auto"

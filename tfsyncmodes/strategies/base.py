@@ -159,7 +159,7 @@ class ModeStrategy:
 
     def required_callbacks(self) -> List:
         """Callbacks the mode needs on every process: correctness first, then the
-        ``--slow_worker`` fault injection when it names this worker."""
+        ``--sync_slow_worker`` fault injection when it names this worker."""
         from tfsyncmodes.testing.faults import SlowWorker, slow_spec
 
         callbacks = self._correctness_callbacks()

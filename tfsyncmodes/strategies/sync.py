@@ -40,7 +40,7 @@ class SyncMode(Mode):
     def exchange(self, config, strategy):
         """Under a tf.distribute strategy the strategy reduces gradients itself, so nothing;
         under Horovod (one replica per process) one grouped allreduce per step, or with
-        ``--compression`` the compressed exchange (its error feedback is optimizer state)."""
+        ``--sync_compression`` the compressed exchange (its error feedback is optimizer state)."""
         size = horovod_world_size()
         if tf.distribute.has_strategy() or size <= 1:
             return Chain()

@@ -2,14 +2,14 @@
 
 A *switch plan* (registered in :data:`tfsyncmodes.registry.SWITCH_PLANS`) says whether a
 run's configuration switches, between which modes, and which callbacks decide when:
-``--mode_schedule`` is the built-in plan (:mod:`tfsyncmodes.switching.plans`); an online
+``--sync_mode_schedule`` is the built-in plan (:mod:`tfsyncmodes.switching.plans`); an online
 policy is another plan. When a plan is in force, ``make_strategy()`` makes a
 :class:`~tfsyncmodes.strategies.scheduled.SwitchingStrategy` and every optimizer it wraps runs
 a :class:`~tfsyncmodes.switching.exchange.SwitchableExchange` (one exchange per mode, all
 their state optimizer state). The switch itself is
 :meth:`tfsyncmodes.keras.switching.ModeSwitch.switch_to`, at a step boundary.
 
-The online policy (``--switch_policy=straggler``) and ``--sync_mode=auto``:
+The online policy (``--sync_switch_policy=straggler``) and ``--sync_mode=auto``:
 
 - :mod:`~tfsyncmodes.switching.decision`: the straggler policy's decision (pure, no TensorFlow).
 - :mod:`~tfsyncmodes.switching.candidates`: the process sets every possible grouping needs,
@@ -51,7 +51,7 @@ def plan_for(config) -> Optional[Tuple[object, Tuple[str, ...]]]:
 
 def mode_config(config, mode: str):
     """`config` as a run in `mode` alone would have it: ``mode`` set, and knobs left at their
-    default take that mode's default (compression: topk in hybrid, none in sync)."""
+    default take that mode's default (``Knob.mode_defaults``)."""
     from tfsyncmodes.knobs import KNOBS
 
     values = {"mode": mode}

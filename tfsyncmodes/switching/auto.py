@@ -2,7 +2,7 @@
 
 The probe (every rank, under horovodrun), before the model exists: a few timed training steps of
 one dense layer of :data:`PROBE_BYTES` of weights (a million parameters) at
-:data:`PROBE_BATCH` examples per rank (a ``--slow_worker`` named for the start of the run is
+:data:`PROBE_BATCH` examples per rank (a ``--sync_slow_worker`` named for the start of the run is
 honoured, as in training), and the time of an allreduce of those weights' gradients across all
 ranks, from which the bandwidth follows. For a dense model the ratio of exchange to compute
 hardly depends on its size (both grow with the parameter count), so the probe stands for the

@@ -2,7 +2,7 @@
 
 Not needed to train. What is here:
 
-- :mod:`~tfsyncmodes.testing.faults`: ``--slow_worker=INDEX:FACTOR``, a straggler users may
+- :mod:`~tfsyncmodes.testing.faults`: ``--sync_slow_worker=INDEX:FACTOR``, a straggler users may
   rehearse with (a Keras callback for Horovod ranks, a throttled process for async workers);
 - :mod:`~tfsyncmodes.testing.throttle`: slows a whole process down (SIGSTOP/SIGCONT);
 - :mod:`~tfsyncmodes.testing.localrun`: local ``horovodrun`` jobs on loopback only, bounded in

@@ -1,4 +1,4 @@
-"""``--slow_worker=INDEX:FACTOR[@START%-END%]``: a straggler to rehearse with.
+"""``--sync_slow_worker=INDEX:FACTOR[@START%-END%]``: a straggler to rehearse with.
 
 Under Horovod a rank is slowed by a Keras callback (:class:`SlowWorker`) that sleeps after each
 step; with a window (``1:4.0@30%-60%``) it sleeps only while the run's step is inside that part
@@ -80,7 +80,7 @@ class SlowWorker(keras.callbacks.Callback):
     """Fault injection: after each step, sleeps so that the step took `factor` times as long;
     with `window` (fractions of the run's steps, as in :class:`SlowSpec`) only inside it.
 
-    Used by the benchmarks (``--slow_worker=INDEX:FACTOR[@START%-END%]``) to model a straggler.
+    Used by the benchmarks (``--sync_slow_worker=INDEX:FACTOR[@START%-END%]``) to model a straggler.
     """
 
     def __init__(self, factor: float, window: Tuple[float, float] = (0.0, 1.0)):
@@ -99,7 +99,7 @@ class SlowWorker(keras.callbacks.Callback):
             if not steps:
                 from tfsyncmodes.errors import ConfigError
 
-                raise ConfigError("fit", "steps_per_epoch", "--slow_worker with a window needs the "
+                raise ConfigError("fit", "steps_per_epoch", "--sync_slow_worker with a window needs the "
                                   "run's length", "pass steps_per_epoch to fit")
             spec = SlowSpec(0, self.factor, *self.window)
             self._steps = spec.window_steps(int(steps) * int(epochs))

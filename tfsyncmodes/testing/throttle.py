@@ -1,7 +1,7 @@
 """Straggler emulation for a whole process: run it only 1/FACTOR of the time.
 
 In async mode the work of a step happens inside a worker's TensorFlow server, where no Keras
-callback runs; ``--slow_worker=INDEX:FACTOR`` therefore slows that worker process itself, as a
+callback runs; ``--sync_slow_worker=INDEX:FACTOR`` therefore slows that worker process itself, as a
 slower machine would: a small watcher pauses it (SIGSTOP) for ``1 - 1/FACTOR`` of every 50 ms
 and resumes it (SIGCONT) for the rest. The watcher ends as soon as the process is gone.
 """
