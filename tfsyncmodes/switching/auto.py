@@ -10,7 +10,7 @@ model to come at that batch size. The rule, :func:`choose`:
 
 1. one process: ``sync`` (nothing to exchange);
 2. the exchange takes at least half of a probe step (allreduce time / (step + allreduce time)
-   >= 0.5): ``hybrid`` (dense inside groups, compressed across them; one group per host, or
+   >= 0.5): ``hybrid`` (dense inside groups, averaged across them; one group per host, or
    two halves of the ranks on one host, unless groups are configured);
 3. the slowest rank's step time is at least ``switch_threshold`` times the median: ``hybrid``
    with the slow ranks in one group;
