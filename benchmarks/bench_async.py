@@ -6,8 +6,8 @@ In one run it starts local clusters (``tfsyncmodes.launch``, 1 ps, one intra-op 
 and measures steps per second of:
 
   solo        one worker alone                 -> r
-  solo_slow   one worker alone, slowed 4x      -> r_slow   (--slow_worker=0:4.0)
-  N workers   N workers, worker 1 slowed 4x    -> R_N      (--slow_worker=1:4.0)
+  solo_slow   one worker alone, slowed 4x      -> r_slow   (--sync_slow_worker=0:4.0)
+  N workers   N workers, worker 1 slowed 4x    -> R_N      (--sync_slow_worker=1:4.0)
   N even      N workers, none slowed           -> E_N
 
 and reports R_N / ((N-1) r + r_slow), the share of the ideal async throughput that one slow
@@ -29,7 +29,7 @@ import_tensorflow_quietly()
 
 from absl import app, flags  # noqa: E402
 
-import tfsyncmodes  # noqa: E402,F401  (defines --slow_worker and the other knobs)
+import tfsyncmodes  # noqa: E402,F401  (defines --sync_slow_worker and the other knobs)
 from benchmarks.benchlib import DOCS, REPO, module_command, replace_section, repo_env  # noqa: E402
 
 flags.DEFINE_integer("steps", 400, "Timed steps per cluster run (after 40 warm-up steps).")
@@ -93,7 +93,7 @@ def measure(workers: int, slow_worker: str) -> float:
         command = [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(workers), "--ps", "1",
                    "--timeout", "900", "--", *module_command("benchmarks.bench_async"),
                    f"--chief_out={out}", f"--steps={FLAGS.steps}", f"--batch_size={FLAGS.batch_size}",
-                   f"--slow_worker={slow_worker}"]
+                   f"--sync_slow_worker={slow_worker}"]
         # One thread per op keeps processes from fighting over the cores; inter-op parallelism
         # stays (a single inter-op thread deadlocks the workers' remote functions).
         env = repo_env(TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1")

@@ -18,7 +18,7 @@ rank measures, interleaved with sync mode on the same model and data:
       same with error feedback, all ranks compressing at once against sync mode's step, and
       each stage of the selection alone (where the time goes). ``--only_b`` runs (a) and (b)
       only and updates just (b)'s section and JSON key;
-  (c) with rank 1 slowed 4x (``--slow_worker=1:4.0``), the time until the model's loss on a
+  (c) with rank 1 slowed 4x (``--sync_slow_worker=1:4.0``), the time until the model's loss on a
       fixed evaluation batch first reaches a target, hybrid over sync (target <= 0.6), for
       three targets: the losses sync reaches after 1/4, 1/2 and 3/4 of its `steps`; hybrid runs
       `hybrid_steps_factor` times as many steps, so that its fast group can keep training
@@ -104,12 +104,12 @@ def digits_accuracy():
     found = {"config": FLAGS.accuracy_config + (f" {json.dumps(knobs)}" if knobs else "")}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("sync", "hybrid"):
-            extra = [f"--{k}={v}" for k, v in knobs.items()] if mode == "hybrid" else []
+            extra = [f"--sync_{k}={v}" for k, v in knobs.items()] if mode == "hybrid" else []
             metrics = os.path.join(tmp, f"{mode}.json")
             command = [sys.executable, TRAIN, f"--sync_mode={mode}", f"--epochs={FLAGS.accuracy_epochs}",
                        f"--model_dir={os.path.join(tmp, mode)}", f"--metrics_file={metrics}"] + extra
             if mode == "hybrid":
-                command.append("--group_size=2")
+                command.append("--sync_group_size=2")
             result = localrun.run(localrun.horovodrun_command(FLAGS.np, command), timeout=1800,
                                   env=repo_env(env, TF_CPP_MIN_LOG_LEVEL="2"), cwd=REPO)
             if result.returncode != 0:

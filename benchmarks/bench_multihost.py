@@ -7,7 +7,7 @@ bridge (tfsync_testbed.netns); the link between them is limited with ``tc`` (a `
 qdisc on each host's interface: this kernel has no netem, so no added delay). Every job is
 ``horovodrun -np 4 --gloo``: on one host ``-H localhost:4``; across hosts ``-H hostA:2,hostB:2``
 over SSH, so that in hybrid mode each host is one group (dense inside, Top-K 1 % across,
-``cross_group=periodic``, staleness 2). Each rank trains an MLP of 1.32M parameters on
+``cross_group=periodic`` every 3 steps, ``period`` 3). Each rank trains an MLP of 1.32M parameters on
 synthetic data, batch 64; after one warm-up epoch every one of ``--repeats`` epochs of
 ``--steps`` steps is timed on rank 0, and the table reports the median and the spread of those
 epochs' mean step time. The link's measured TCP rate (one stream, 2 s) is reported beside it.
@@ -126,7 +126,7 @@ def run_job(bed, mesh, mode: str, two_hosts: bool, env: dict) -> dict:
         knobs = dict(TFSYNC_MODE=mode)
         if mode == "hybrid":
             knobs.update(TFSYNC_COMPRESSION="topk", TFSYNC_TOPK_RATIO="0.01", TFSYNC_CROSS_GROUP="periodic",
-                         TFSYNC_STALENESS="2")
+                         TFSYNC_PERIOD="3")
             if not two_hosts:  # the same groups as across hosts, where they come from the hosts
                 knobs.update(TFSYNC_GROUP_SIZE="2")
         result = a.run(command, timeout=1200, env=dict(env, **knobs), cwd=REPO)
@@ -194,7 +194,7 @@ def write(results):
              f"over SSH between two network namespaces on one 2-core machine, the link limited with `tc` tbf "
              f"(no delay emulation); MLP of {results['parameters']:,} parameters, batch {FLAGS.batch_size} per rank, "
              f"Adam; hybrid: groups {{0,1}}, {{2,3}} (across hosts: one group per host; on one host "
-             f"`group_size=2`), Top-K 1 % with error feedback, cross_group=periodic, staleness 2. "
+             f"`group_size=2`), Top-K 1 % with error feedback, cross_group=periodic, period 3. "
              f"Step time: mean over an epoch of {FLAGS.steps} steps, {FLAGS.repeats} epochs after a warm-up one "
              f"in each of {FLAGS.jobs} jobs per row (the settings run in turn, {FLAGS.jobs} rounds); median and "
              "range over all those epochs, and each job's median.", "",

@@ -7,12 +7,12 @@ Every run is ``horovodrun -np 4 python scripts/train.py`` on digits (``--eval_ea
 the chief measures its model's test accuracy at each epoch's end). Three conditions:
 
   none        no straggler;
-  slow        rank 1 4x slow throughout (``--slow_worker=1:4.0``);
-  transient   rank 1 4x slow during the middle third (``--slow_worker=1:4.0@33.3%-66.7%``);
+  slow        rank 1 4x slow throughout (``--sync_slow_worker=1:4.0``);
+  transient   rank 1 4x slow during the middle third (``--sync_slow_worker=1:4.0@33.3%-66.7%``);
 
 and four variants in each: sync; hybrid (groups of 2); the best fixed schedule for the
 transient straggler (``sync:33.3%,hybrid:33.4%,sync``: hybrid exactly while it is slow); and
-``--switch_policy=straggler`` (sync, moving to hybrid while a straggler is seen). Measured:
+``--sync_switch_policy=straggler`` (sync, moving to hybrid while a straggler is seen). Measured:
 training time, final test accuracy, and the time until the chief's model first reaches sync's
 final accuracy in the same condition less 0.5 point (at an epoch's end). Targets: transient ->
 policy's time to that accuracy <= 0.6 of sync's training time; none -> policy's training time
@@ -46,12 +46,12 @@ flags.DEFINE_bool("write_docs", True, "Write the table into --docs_dir/BENCHMARK
 flags.DEFINE_bool("report_only", False, "Rebuild the table from --docs_dir/bench_switch.json, running nothing.")
 FLAGS = flags.FLAGS
 
-CONDITIONS = {"none": [], "slow": ["--slow_worker=1:4.0"], "transient": ["--slow_worker=1:4.0@33.3%-66.7%"]}
+CONDITIONS = {"none": [], "slow": ["--sync_slow_worker=1:4.0"], "transient": ["--sync_slow_worker=1:4.0@33.3%-66.7%"]}
 VARIANTS = {
     "sync": ["--sync_mode=sync"],
-    "hybrid": ["--sync_mode=hybrid", "--group_size=2"],
-    "schedule": ["--sync_mode=sync", "--mode_schedule=sync:33.3%,hybrid:33.4%,sync", "--group_size=2"],
-    "policy": ["--sync_mode=sync", "--switch_policy=straggler", "--group_size=2", "--verbosity=1"],
+    "hybrid": ["--sync_mode=hybrid", "--sync_group_size=2"],
+    "schedule": ["--sync_mode=sync", "--sync_mode_schedule=sync:33.3%,hybrid:33.4%,sync", "--sync_group_size=2"],
+    "policy": ["--sync_mode=sync", "--sync_switch_policy=straggler", "--sync_group_size=2", "--verbosity=1"],
 }
 POINTS = 0.005  # "within 0.5 point"
 
@@ -132,8 +132,8 @@ def hybrid_defaults() -> str:
 
     c = config_lib.resolve({"mode": "hybrid"}, environ={}, use_flags=False)
     compression = f"topk {c.topk_ratio:g}" if c.compression == "topk" else c.compression
-    return (f"cross_group={c.cross_group}, staleness {c.staleness}, compression {compression}, "
-            f"local_steps {c.local_steps}")
+    every = f"staleness {c.staleness}" if c.cross_group == "stale" else f"period {c.period}"
+    return f"cross_group={c.cross_group}, {every}, compression {compression}, local_steps {c.local_steps}"
 
 
 def report(table: dict, rounds: int, epochs: int) -> str:
@@ -185,7 +185,7 @@ READING = (
     "traces the train function again (Keras `make_train_function(force=True)`), which on this loaded "
     "machine costs about as much as the first epoch's trace (several seconds, against 1-3 s per later "
     "epoch); that, not the policy's measuring, is most of what switching costs here. In the slow "
-    "condition `--slow_worker` also multiplies the first step, trace included, by 4 (the slow rank "
+    "condition `--sync_slow_worker` also multiplies the first step, trace included, by 4 (the slow rank "
     "sleeps three times the trace), which every variant pays in its first epoch; the same happens at a switch inside the straggler's "
     "window (the first step after it traces again, and the slow rank sleeps three times that), which is "
     "most of the transient policy's and schedule's extra time here. Recorded with one round only (time allowed no more); a multi-process test job shared the cores "

@@ -10,8 +10,8 @@ and interleaved to share the machine's noise:
   wrapped_loop the same loop, but applying through tfsyncmodes.wrap(opt, "sync")
   fit          model.compile(optimizer=tfsyncmodes.wrap(opt, "sync")) + model.fit
   fit_spe      the same with compile(steps_per_execution=SPE): Keras runs SPE steps per call
-  fit_fp16     fit with --compression=fp16
-  fit_topk     fit with --compression=topk --topk_ratio=0.01 (error feedback on)
+  fit_fp16     fit with --sync_compression=fp16
+  fit_topk     fit with --sync_compression=topk --sync_topk_ratio=0.01 (error feedback on)
 
 and reports median step times, their spread, the ratios to manual (target fit / manual <=
 1.05) and the bytes each rank sends per step. wrapped_loop separates the wrapper's own cost

@@ -9,7 +9,7 @@ Every run is ``scripts/train.py`` on a local cluster started by the project's la
 three conditions:
 
   equal  all workers alike;
-  slow   worker 1 slowed --slow_factor times (``--slow_worker=1:FACTOR``);
+  slow   worker 1 slowed --slow_factor times (``--sync_slow_worker=1:FACTOR``);
   kill   worker 1 killed (SIGKILL) once the chief has logged half the epochs; a run that
          stopped is started again with the same --model_dir, to see whether it resumes;
   kill_ps  (modes on a ps cluster) the parameter server killed the same way;
@@ -62,7 +62,7 @@ flags.DEFINE_multi_string("variant", [], "A column of your own: LABEL=MODE:FLAG=
 flags.DEFINE_list("variant_conditions", ["equal"], "Conditions of the sweep and --variant columns.")
 flags.DEFINE_list("launcher", [], "MODE:ps or MODE:horovod for modes the script does not know "
                   "(default: async on a ps cluster, every other mode under horovodrun).")
-flags.DEFINE_integer("group_size", 0, "Hybrid --group_size (0: workers / 2, at least 1).")
+flags.DEFINE_integer("group_size", 0, "Hybrid --sync_group_size (0: workers / 2, at least 1).")
 flags.DEFINE_float("target_loss", None, "Loss for 'time to target' (default: the largest final "
                    "training loss of the equal-condition runs of the modes, so that each reaches it).")
 flags.DEFINE_integer("repeats", 1, "Runs of each equal and slow condition (throughput: median, range).")
@@ -89,7 +89,7 @@ def columns() -> list:
         if mode not in accepted:
             raise ConfigError("flag", "--modes", f"{mode!r} is not a mode", f"use some of {', '.join(accepted)}")
     group = FLAGS.group_size or max(1, FLAGS.workers // 2)
-    per_mode = {"hybrid": [f"--group_size={group}"]}
+    per_mode = {"hybrid": [f"--sync_group_size={group}"]}
     cols = [(mode, mode, per_mode.get(mode, [])) for mode in modes]
     from tfsyncmodes import config
 
@@ -106,7 +106,7 @@ def columns() -> list:
         if not sep or mode not in accepted:
             raise ConfigError("flag", "--variant", f"{spec!r} is not LABEL=MODE:FLAG=VALUE,...",
                               f"use e.g. 'hybrid s8=hybrid:staleness=8' with MODE one of {', '.join(accepted)}")
-        extra = [f"--{s.strip()}" for s in settings.split(",") if s.strip()]
+        extra = [f"--{s if s.startswith('sync_') else 'sync_' + s}" for s in map(str.strip, settings.split(",")) if s]
         cols.append((label, mode, per_mode.get(mode, []) + extra))
     return cols
 
@@ -147,7 +147,7 @@ def plan() -> list:
             if condition in ("slow", "solo slow"):
                 flags_ += [f"--compute_slow_worker={1 if condition == 'slow' else 0}:{slow}"]
         elif condition in ("slow", "solo slow"):
-            flags_ += [f"--slow_worker={1 if condition == 'slow' else 0}:{slow}"]
+            flags_ += [f"--sync_slow_worker={1 if condition == 'slow' else 0}:{slow}"]
         runs.append({"column": label, "mode": mode, "condition": condition, "emulated": emulated,
                      "workers": workers, "repeat": repeat, "flags": flags_,
                      "on_ps": comparelib.uses_parameter_servers(mode, launchers)})

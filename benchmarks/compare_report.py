@@ -72,17 +72,21 @@ def _bytes(run: dict) -> dict:
     metrics = run.get("metrics") or {}
     params = metrics.get("params", 0)
     if "bytes_sent" in metrics:
-        flags = " ".join(run["flags"])
-        group = next((int(f.split("=")[1]) for f in run["flags"] if f.startswith("--group_size=")), 1)
-        within = 4 * params if group > 1 and "--groups=" not in flags else 0
+        # Runs recorded before the knobs' flags were --sync_<key> name them --<key>.
+        given = {f[2:].split("=")[0].removeprefix("sync_"): f.split("=", 1)[1]
+                 for f in run["flags"] if f.startswith("--") and "=" in f}
+        group = int(given.get("group_size", 1))
+        within = 4 * params if group > 1 and "groups" not in given else 0
         cross = statistics.fmean(metrics["bytes_sent"])
         from tfsyncmodes import config
 
-        given = {f[2:].split("=")[0]: f.split("=", 1)[1] for f in run["flags"] if f.startswith("--") and "=" in f}
         policy = given.get("cross_group", config.KNOBS_BY_KEY["cross_group"].default)
         staleness = int(given.get("staleness", config.KNOBS_BY_KEY["staleness"].default))
-        # periodic exchanges once every staleness+1 steps; stale every step
-        rounds_per_step = 1.0 / (staleness + 1) if policy == "periodic" else 1.0
+        # periodic exchanges once every period steps (staleness + 1 in runs recorded before the
+        # knob period, which set it with --staleness); stale every step
+        recorded_before_period = any(f.startswith("--staleness=") for f in run["flags"])
+        period = staleness + 1 if recorded_before_period else int(given.get("period", config.KNOBS_BY_KEY["period"].default))
+        rounds_per_step = 1.0 / period if policy == "periodic" else 1.0
         ratio = statistics.fmean(metrics.get("compression_ratio", [0.0]))
         return {"compression_ratio_per_exchange": ratio / rounds_per_step, "cross_group": policy,
                 "staleness_bound": staleness,"bytes_per_step": cross + within, "bytes_cross_group": cross, "bytes_within_group": within,

@@ -32,7 +32,7 @@ def accepted_values(key: str) -> List[str]:
     choices = getattr(knob.parse, "choices", None)
     if choices is None:
         raise RuntimeError(f"knob {key!r} takes no fixed set of values")
-    choices = choices()
+    choices = choices() if callable(choices) else choices
     values = [str(v) for v in choices]
     for value in values:
         knob.parse(value)  # raises if the package no longer takes it

@@ -12,7 +12,7 @@ from benchmarks.benchlib import DOCS
 flags.DEFINE_integer("np", 4, "Horovod ranks (groups of 2).")
 flags.DEFINE_integer("steps", 120, "Steps of each timed straggler run (c).")
 flags.DEFINE_integer("speed_steps", 40, "Steps of each timed speed run (d).")
-DEFAULT_CONFIGS = {"defaults": {}, "fixed": {"local_steps": 0},
+DEFAULT_CONFIGS = {"defaults": {}, "fixed": {"local_steps": "fixed"},
                    "stale_s400": {"cross_group": "stale", "staleness": 400, "compression": "topk"}}
 flags.DEFINE_string("configs", json.dumps(DEFAULT_CONFIGS),
                     "JSON: name -> hybrid knobs over the shipped defaults, for (c) and (d).")

@@ -38,11 +38,11 @@ STAGES = {  # (b)'s breakdown: stage key, what it is
 
 def shipped_period() -> tuple:
     """(cross_group, updates between two cross-group exchanges) with the shipped defaults:
-    periodic compresses once every staleness + 1 updates, stale every update."""
+    periodic compresses once every period updates, stale every update."""
     from tfsyncmodes import config as config_lib
 
     defaults = config_lib.resolve({"mode": "hybrid"}, environ={}, use_flags=False)
-    return defaults.cross_group, (defaults.staleness + 1 if defaults.cross_group == "periodic" else 1)
+    return defaults.cross_group, (defaults.period if defaults.cross_group == "periodic" else 1)
 
 
 def compression_report(per_rank, sync_step, docs_dir) -> dict:
@@ -91,7 +91,7 @@ def compression_report(per_rank, sync_step, docs_dir) -> dict:
         f"model and batch with no exchange ({step['median']:.3f} ms, {step['min']:.3f}-{step['max']:.3f}), "
         f"interleaved in {len(rounds)} rounds (median of 15 calls each; cells: median of the rounds, their "
         f"range in brackets). Per training step: the shipped cross_group={cross_group} compresses once every "
-        f"{period} updates (staleness + 1), so its cost per step is the per-call cost / {period}.",
+        f"{period} updates (the knob period), so its cost per step is the per-call cost / {period}.",
         "",
         "| implementation | per call (ms) | per call / dense step | per training step / dense step | "
         "with error feedback, per call / dense step | per training step | all ranks at once / sync step |",
@@ -212,7 +212,7 @@ def write_report(per_rank, docs_dir, accuracy=None):
     shipped = config_lib.resolve({"mode": "hybrid"}, environ={}, use_flags=False)
     runs.append({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": LOAD[0],
                  "shipped_defaults": {k: getattr(shipped, k) for k in (
-                     "cross_group", "staleness", "local_steps", "compression", "topk_ratio", "outer_optimizer")},
+                     "cross_group", "staleness", "period", "local_steps", "compression", "topk_ratio", "outer_optimizer")},
                  "load_after": os.getloadavg()[0], "repeats": FLAGS.repeats, "steps": FLAGS.steps,
                  "hybrid_steps": FLAGS.steps * FLAGS.hybrid_steps_factor,
                  "sync_s": [{k: round(v, 2) for k, v in r["sync_s"].items()} for r in sync_runs],

@@ -33,6 +33,8 @@ flags.DEFINE_integer("batch_size", 64, "Global batch size (split evenly over the
 flags.DEFINE_float("learning_rate", None,
                    "Learning rate (default: 0.01 for Adam in sync and hybrid modes, 0.02 for SGD "
                    "with --momentum in async mode).")
+flags.DEFINE_float("momentum", 0.9, "Momentum of the SGD optimizer async mode (and a --sync_mode_schedule "
+                   "through async) trains with.", lower_bound=0.0, upper_bound=0.999)
 flags.DEFINE_enum("dataset", "digits", ["digits", "synthetic"],
                   "digits: scikit-learn's bundled digits; synthetic: generated, see --synthetic_*.")
 flags.DEFINE_integer("synthetic_samples", 8192, "Examples in the synthetic training set.")
@@ -185,9 +187,8 @@ def main(argv):
     phase_plan.check_launched(tfsyncmodes.resolve())  # a schedule through async needs the launcher
     strategy = tfsyncmodes.make_strategy()
     if strategy.is_chief:
-        # The knobs the mode uses; every knob with --verbosity=1.
-        logging.info("%s", strategy.config.describe(
-            every=logging.get_verbosity() >= logging.DEBUG or bool(strategy.config.mode_schedule)))
+        # The knobs in force (in any mode of a schedule); every knob with --verbosity=1.
+        logging.info("%s", strategy.config.describe(every=logging.get_verbosity() >= logging.DEBUG))
         logging.info("strategy: %s", strategy.describe())
     else:
         logging.set_verbosity(logging.WARNING)
@@ -199,7 +200,7 @@ def main(argv):
 
     x_train, y_train, x_test, y_test = load_data(FLAGS.seed)
     steps_per_epoch = len(x_train) // FLAGS.batch_size
-    # A phase of a --mode_schedule through async, as python -m tfsyncmodes.launch runs it (None
+    # A phase of a --sync_mode_schedule through async, as python -m tfsyncmodes.launch runs it (None
     # outside one): strategy.callbacks() runs it (its epochs, the checkpoint it starts from and
     # writes, the run's History); here only the choice of one optimizer for every phase.
     phase = strategy.phase_callback()
@@ -218,7 +219,7 @@ def main(argv):
         model = build_model(x_train.shape[1])
         if strategy.mode == "async" or phase is not None:  # one optimizer through every phase
             # Stale-gradient remedies (staleness-aware rate, decay) need a plain SGD step.
-            optimizer = keras.optimizers.SGD(FLAGS.learning_rate or 0.02, momentum=strategy.config.momentum)
+            optimizer = keras.optimizers.SGD(FLAGS.learning_rate or 0.02, momentum=FLAGS.momentum)
         else:
             optimizer = keras.optimizers.Adam(FLAGS.learning_rate or 0.01)
         model.compile(
@@ -229,7 +230,7 @@ def main(argv):
             # when no tf.distribute strategy is active (the Horovod case).
             jit_compile=False,
         )
-    # A run through a --mode_schedule keeps one directory for all its phases.
+    # A run through a --sync_mode_schedule keeps one directory for all its phases.
     model_dir = os.path.join(FLAGS.model_dir, "schedule" if strategy.config.mode_schedule else strategy.mode)
     callbacks = strategy.callbacks(FLAGS.model_dir if phase is not None else model_dir)
     phase = next((c for c in callbacks if type(c) is type(phase)), None) if phase is not None else None

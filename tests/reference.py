@@ -82,10 +82,10 @@ def _unflat(flat, like):
 def outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr, outer_momentum):
     """The outer optimizer on the groups' mean change: (next anchor, next velocity)."""
     if outer_optimizer == "nesterov":
-        lr_out, pseudo = np.float32(outer_lr or 0.7), -mean_change
+        lr_out, pseudo = np.float32(0.7 if outer_lr == "auto" else outer_lr), -mean_change
         velocity = (np.float32(outer_momentum) * velocity + pseudo).astype(np.float32)
         return (anchor - lr_out * (pseudo + np.float32(outer_momentum) * velocity)).astype(np.float32), velocity
-    return (anchor + np.float32(outer_lr or 1.0) * mean_change).astype(np.float32), velocity
+    return (anchor + np.float32(1.0 if outer_lr == "auto" else outer_lr) * mean_change).astype(np.float32), velocity
 
 
 def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
@@ -121,7 +121,7 @@ def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
 def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0.01,
                     error_feedback=True, staleness=0, cross_group="stale", warmup_steps=0, lr=LR,
                     consensus=True, schedule=None, staleness_aware_lr=True, outer_optimizer="average",
-                    outer_lr=0.0, outer_momentum=0.9, elastic_alpha=0.0):
+                    outer_lr="auto", outer_momentum=0.9, elastic_alpha="auto", period=1):
     """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias],
     with `consensus`, at the end every group holds the mean over all ranks (the final model average).
 
@@ -131,7 +131,7 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     warm-up group g has applied once step t is done (the run records it: rounds come in when
     the slowest group has sent them); without one, every round applies at its own step. With
     `staleness_aware_lr` a round applied l steps after its own step counts 1 / (1 + l).
-    periodic: each group applies its own mean gradient; after every (staleness + 1)-th update
+    periodic: each group applies its own mean gradient; after every `period`-th update
     the groups' model changes since the last average go through error feedback and the
     compressor, and every group moves to anchor + their mean.
     The first `warmup_steps` steps have staleness 0 (stale: round t applies at step t;
@@ -141,7 +141,8 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     elastic: each group applies its own mean gradient; on periodic's schedule the groups'
     differences to the center go through error feedback and the compressor, the center moves
     by alpha x their sum, then each group moves groups x alpha of the way to the new center
-    (alpha 0: 0.9 / groups); at the end every group holds the center.
+    (alpha auto: 0.9 / groups); at the end every group holds the center. (`staleness` acts
+    through `schedule`, under stale only.)
     """
     start = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     size = _flat(start).size
@@ -178,13 +179,13 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
             updates = [((means[g] + late[g]) / np.float32(len(groups))).astype(np.float32)
                        for g in range(len(groups))]
         params = [_unflat(_flat(params[g]) - lr * updates[g], start) for g in range(len(groups))]
-        if cross_group == "periodic" and ((step + 1) % (staleness + 1) == 0 or step < warmup_steps):
+        if cross_group == "periodic" and ((step + 1) % period == 0 or step < warmup_steps):
             deltas = [_flat(p) - anchor for p in params]
             sent, others = _cross_group_send(deltas, residuals, compression, topk_ratio, error_feedback)
             mean_change = ((sent[0] + others[0]) / np.float32(len(groups))).astype(np.float32)
             anchor, velocity = outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr, outer_momentum)
             params = [_unflat(anchor, start) for _ in groups]
-        if cross_group == "elastic" and ((step + 1) % (staleness + 1) == 0 or step < warmup_steps):
+        if cross_group == "elastic" and ((step + 1) % period == 0 or step < warmup_steps):
             params, anchor = elastic_round(params, anchor, residuals, compression, topk_ratio,
                                            error_feedback, elastic_alpha, start)
     if cross_group == "elastic" and consensus and len(groups) > 1:
@@ -197,12 +198,12 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
 
 
 def elastic_round(params, center, residuals, compression, ratio, error_feedback, alpha, like):
-    """One EASGD round across groups (``--cross_group=elastic``): returns the groups' models
+    """One EASGD round across groups (``--sync_cross_group=elastic``): returns the groups' models
     and the center after it. The center moves by alpha x the sum of the groups' compressed
     differences to it (as the policy adds them: its own payload + the others'), then each
     group moves beta = groups x alpha of the way to the new center."""
     groups = len(params)
-    alpha = alpha or 0.9 / groups
+    alpha = 0.9 / groups if alpha == "auto" else alpha
     keep = np.float32(1.0 - groups * alpha)  # what is left of a group's distance to the center
     deltas = [_flat(p) - center for p in params]
     sent, others = _cross_group_send(deltas, residuals, compression, ratio, error_feedback)
@@ -238,9 +239,9 @@ def compressed_mean_training(kernel, bias, x, y, compression, ratio=0.01, error_
 
 
 def local_steps_training(kernel, bias, x, y, groups, round_steps, compression="none", topk_ratio=0.01,
-                         error_feedback=True, outer_optimizer="average", outer_lr=0.0, outer_momentum=0.9,
+                         error_feedback=True, outer_optimizer="average", outer_lr="auto", outer_momentum=0.9,
                          lr=LR, consensus=True, weighted=True):
-    """Periodic averaging with speed-proportional local steps (``--local_steps=auto``), replaying
+    """Periodic averaging with speed-proportional local steps (``--sync_local_steps=auto``), replaying
     the schedule a run recorded: in round r group g runs `round_steps[r][g]` SGD steps on its own
     next batches (its k-th step on x[k] of its ranks), then sends w_g x (model - anchor), w_g =
     steps_g / sum of the round's steps, through error feedback and the compressor; the weighted

@@ -227,7 +227,7 @@ def test_variables_are_placed_on_both_ps(tmp_path, legacy):
     biases = {n: p for n, p in variables.items() if n.endswith("bias")}
     assert len(kernels) == len(biases) == 2, variables
     if legacy:
-        # --ps_shards=2: each kernel (> 2 x 4096 bytes) is split along its first axis, one
+        # --sync_ps_shards=2: each kernel (> 2 x 4096 bytes) is split along its first axis, one
         # shard on each ps; the biases are below the minimum shard size and stay whole.
         for name, parts in kernels.items():
             assert sorted(task for _, task in parts) == [0, 1], (name, parts)

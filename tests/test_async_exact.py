@@ -1,6 +1,6 @@
 """Async mode counts exactly under concurrent workers: the parameter-server copy of
 ``optimizer.iterations``, every compiled metric's state and the epoch logs read from it;
-``EarlyStopping`` through the fit-like loop; ``--slow_worker`` slows its worker."""
+``EarlyStopping`` through the fit-like loop; ``--sync_slow_worker`` slows its worker."""
 import os
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Async mode's SSP drop (--max_staleness) and DC-ASGD delay compensation (--delay_compensation).
+"""Async mode's SSP drop (--sync_max_staleness) and DC-ASGD delay compensation (--sync_delay_compensation).
 
 * In process, the parts of :func:`~tfsyncmodes.exchange.recipes.async_exchange` against NumPy, composed with clipping and the
   two scalings in the documented order.
@@ -52,7 +52,7 @@ def numpy_chain(g, w_read, w_now, staleness, step, lam, clip, bound, aware, deca
     if clip > 0:
         norm = np.sqrt(sum(float((gi ** 2).sum()) for gi in g))
         g = [gi * min(1.0, clip / norm) for gi in g]
-    scale = 0.0 if 0 <= bound < staleness else 1.0
+    scale = 0.0 if bound != "off" and bound < staleness else 1.0
     if aware:
         scale /= 1.0 + staleness
     if decay > 0:
@@ -60,14 +60,14 @@ def numpy_chain(g, w_read, w_now, staleness, step, lam, clip, bound, aware, deca
     return [gi * scale for gi in g]
 
 
-@pytest.mark.parametrize("staleness, bound", [(5, 4), (5, 5), (0, 0), (3, -1)])
+@pytest.mark.parametrize("staleness, bound", [(5, 4), (5, 5), (0, 0), (3, "off")])
 def test_parts_compose_in_order_and_equal_numpy(staleness, bound):
     import tensorflow as tf
 
     from tfsyncmodes.exchange.recipes import async_exchange
     from tfsyncmodes.exchange.version import StepVersion
 
-    rng = np.random.default_rng(staleness + 10 * (bound + 1))
+    rng = np.random.default_rng(staleness + 10 * (0 if bound == "off" else bound + 1))
     shapes = [(4, 3), (3,)]
     g = [rng.standard_normal(s).astype("float32") for s in shapes]
     w_read = [rng.standard_normal(s).astype("float32") for s in shapes]
@@ -94,9 +94,9 @@ def test_parts_compose_in_order_and_equal_numpy(staleness, bound):
     for got, want in zip(out[:2], expected):
         np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-7)
     assert out[2] is None
-    dropped = 0 <= bound < staleness
+    dropped = bound != "off" and bound < staleness
     assert (np.abs(np.asarray(out[0])).max() == 0) == dropped
-    if bound >= 0:
+    if bound != "off":
         assert int(counters[0].numpy()) == int(dropped)
         assert int(chain.step_logs()["dropped"]) == int(dropped)
     else:
@@ -130,16 +130,18 @@ def test_defaults_keep_todays_chain():
     from tfsyncmodes.exchange.recipes import async_exchange
 
     knobs = resolved(mode="async")
-    assert (knobs.max_staleness, knobs.delay_compensation) == (-1, 0.0)
+    assert (knobs.max_staleness, knobs.delay_compensation) == ("off", "off")
     chain = async_exchange(knobs)
     assert not chain.find(StaleUpdateDrop) and not chain.find(DelayCompensation)
 
 
 @pytest.mark.parametrize("key, value, words", [
-    ("max_staleness", "-2", ["-2 is out of range", "[-1,"]),
-    ("max_staleness", "two", ["'two' is not a int"]),
-    ("delay_compensation", "-0.1", ["-0.1 is out of range", "[0.0,"]),
-    ("delay_compensation", "lots", ["'lots' is not a float"]),
+    ("max_staleness", "-2", ["-2 is out of range", "use off or an integer in [0,"]),
+    ("max_staleness", "-1", ["'-1' is not accepted any more (it meant off)", "use off"]),
+    ("max_staleness", "two", ["'two' is not an integer"]),
+    ("delay_compensation", "-0.1", ["-0.1 is out of range", "use off or a number in (0,"]),
+    ("delay_compensation", "0", ["'0' is not accepted any more (it meant off)", "use off"]),
+    ("delay_compensation", "lots", ["'lots' is not a number"]),
 ])
 def test_bad_values_name_source_field_and_fix(key, value, words):
     with pytest.raises(ConfigError) as raised:
@@ -151,7 +153,7 @@ def test_bad_values_name_source_field_and_fix(key, value, words):
 
 @pytest.mark.timeout(120)
 def test_a_bad_value_on_the_command_line_is_one_line_and_exit_2():
-    result = localrun.run([PYTHON, TRAIN, "--sync_mode=async", "--epochs=1", "--max_staleness=-2"],
+    result = localrun.run([PYTHON, TRAIN, "--sync_mode=async", "--epochs=1", "--sync_max_staleness=-2"],
                           timeout=100, env=clean_env(), cwd=REPO)
     assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-3000:])
     assert "Traceback" not in result.stderr

@@ -20,14 +20,18 @@ scripts/train.py's own flags
   --compute_ms           -5 (ran, now refused), nan (at_least)
   --compute_slow_worker  abc (by hand)
   absl's own (--verbosity, --logtostderr, ...)  an unknown flag (--no_such_flag)
-tfsyncmodes' flags = TFSYNC_* variables = config-file keys (one parser per knob; every knob is
-  swept in test_every_knob_refuses_bad_values_naming_its_variable): numbers abc, -1e30, 1e30,
-  nan, inf; booleans maybe, 2; choices bogus (--sync_mode, --sync_backend, --compression,
-  --cross_group, --outer_optimizer); --mode_schedule bogus, sync:150%; --groups 0,1;1, a, 0;;1;
-  --slow_worker x, 1:0.5, -1:2. Through the command line: tests/test_cli_errors.py (--sync_mode,
-  --sync_backend, --config missing, horovod/multi_worker without their launcher, --ps_shards
-  under Keras 3), tests/test_config.py (sources and precedence); config files: several unknown
-  keys at once, flag names as keys; --compression under the tf.distribute backends.
+tfsyncmodes' flags = TFSYNC_* variables = config-file keys (one parser per knob; every knob has
+  its bad values in BAD_KNOB_VALUES, swept in test_every_knob_refuses_bad_values_naming_its_variable,
+  and test_every_knob_has_bad_values fails for a knob without): numbers abc, -1e30, 1e30, nan,
+  inf, true, out of their bounds, 2.5 for integers; the old numeric sentinels (clip_norm 0,
+  max_staleness -1, group_size 0, outer_lr 0, local_steps 3, ...: tests/test_knobs.py names the
+  word each one says to use); booleans maybe, 2; choices bogus; --sync_mode_schedule bogus,
+  sync:150%; --sync_groups 0,1;1, a, 0;;1; --sync_slow_worker x, 1:0.5, -1:2. Through the command
+  line: tests/test_cli_errors.py (--sync_mode, --sync_backend, --sync_config missing,
+  horovod/multi_worker without their launcher, --sync_ps_shards under Keras 3, an old sentinel),
+  tests/test_config.py (sources and precedence, typed flags); config files: several unknown keys
+  at once, flag names as keys, one knob named twice; --sync_compression under the tf.distribute
+  backends.
 TF_CONFIG
   (json)       not JSON, a list, a string (tests/test_cli_errors.py, by hand)
   cluster      missing, empty, a list; a role that is unknown, not a list, an empty list, a list
@@ -147,7 +151,7 @@ def one_clear_error(result):
     (["--model_dir=README.md"], ["--model_dir", "README.md is a file"]),
     (["--model_dir=README.md/run"], ["--model_dir", "which is a file"]),
     (["--metrics_file=README.md/out.json"], ["--metrics_file", "README.md is a file"]),
-    (["--sync_backend=mirrored", "--compression=fp16"], ["compression", "mirrored backend"]),
+    (["--sync_backend=mirrored", "--sync_compression=fp16"], ["compression", "mirrored backend"]),
     (["--seed=-1"], ["flag: --seed: -1 is out of range", "0..4294967295"]),
     (["--learning_rate=nan"], ["flag: --learning_rate: nan is not a finite number"]),
 ], ids=lambda value: value[0] if isinstance(value, list) else None)
@@ -231,18 +235,39 @@ def test_launcher_command_that_cannot_start_stops_before_any_task():
 
 # --- every knob (flag, TFSYNC_* variable, config key: one parser each) ---------------------
 
-BAD_KNOB_VALUES = {"_number": ["abc", "-1e30", "1e30", "nan", "inf"], "_boolean": ["maybe", "2"],
-                   "_choice": ["bogus"], "_registered": ["bogus"], "_schedule": ["bogus", "sync:150%"],
-                   "_rank_groups": ["0,1;1", "a", "0;;1"], "_slow_worker": ["x", "1:0.5", "-1:2"]}
+NUMBER = ["abc", "-1e30", "1e30", "nan", "inf", "true"]
+INTEGER = NUMBER + ["2.5"]
+# Bad values of every knob, by knob (test_every_knob_has_bad_values fails when a knob has none).
+BAD_KNOB_VALUES = {
+    "mode": ["bogus", ""], "backend": ["nccl"], "mode_schedule": ["bogus", "sync:150%"],
+    "collective_timeout": NUMBER + ["0.5"], "slow_worker": ["x", "1:0.5", "-1:2", "1:4@60%-30%"],
+    "ps_shards": INTEGER + ["0"], "min_shard_bytes": INTEGER + ["0"],
+    "clip_norm": NUMBER + ["0", "-1", "on"], "staleness_aware_lr": ["maybe", "2"],
+    "lr_decay": NUMBER + ["0", "auto"], "max_staleness": INTEGER + ["-1", "-2", "auto"],
+    "delay_compensation": NUMBER + ["0"],
+    "group_size": INTEGER + ["0", "-1", "auto"], "groups": ["0,1;1", "a", "0;;1"],
+    "compression": ["bogus", "gzip"], "topk_ratio": NUMBER + ["0"], "error_feedback": ["maybe", "2"],
+    "staleness": INTEGER + ["-1", "1001"], "period": INTEGER + ["0"], "cross_group": ["bogus"],
+    "outer_optimizer": ["bogus"], "outer_lr": NUMBER + ["0", "off"], "outer_momentum": NUMBER + ["1"],
+    "warmup_steps": INTEGER + ["-1"], "elastic_alpha": NUMBER + ["0", "1.5", "off"],
+    "local_steps": ["0", "3", "bogus"], "switch_policy": ["bogus"], "switch_threshold": NUMBER + ["1"],
+    "switch_interval": INTEGER + ["1"], "switch_patience": INTEGER + ["0"],
+}
 
 
-@pytest.mark.parametrize("knob", [k for k in knobs.KNOBS if k.parse.__qualname__.split(".")[0] in BAD_KNOB_VALUES],
-                         ids=lambda k: k.key)
+def test_every_knob_has_bad_values():
+    assert set(BAD_KNOB_VALUES) == set(knobs.KNOBS_BY_KEY), "give every knob bad values here"
+
+
+@pytest.mark.parametrize("knob", knobs.KNOBS, ids=lambda k: k.key)
 def test_every_knob_refuses_bad_values_naming_its_variable(knob):
-    for value in BAD_KNOB_VALUES[knob.parse.__qualname__.split(".")[0]]:
+    for value in BAD_KNOB_VALUES.get(knob.key, ()):
         with pytest.raises(ConfigError) as raised:
-            config.resolve(environ={knob.env: value}, use_flags=False)
-        assert str(raised.value).startswith(f"environment: {knob.env}: "), (value, str(raised.value))
+            config.resolve(environ={knob.env: value} if value else {}, overrides={knob.key: value} if not value else None,
+                           use_flags=False)
+        source = f"environment: {knob.env}: " if value else f"argument: {knob.key}: "
+        assert str(raised.value).startswith(source), (value, str(raised.value))
+        assert raised.value.fix, (value, str(raised.value))  # every refusal says what to give instead
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), -1.0])

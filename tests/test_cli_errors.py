@@ -44,14 +44,16 @@ def worker_tf_config(*extra_roles):
     (["--sync_mode=bogus"], {}, ["--sync_mode", "'bogus'", "sync, async, hybrid"]),
     ([], {"TFSYNC_MODE": "bogus"}, ["TFSYNC_MODE", "sync, async, hybrid"]),
     (["--sync_backend=gpu"], {}, ["--sync_backend", "auto, horovod, multi_worker, mirrored"]),
-    (["--config=/nonexistent/sync.yaml"], {}, ["--config", "/nonexistent/sync.yaml does not exist"]),
+    (["--sync_max_staleness=-1"], {}, ["flag: --sync_max_staleness: '-1' is not accepted any more (it meant off); "
+                                       "use off or an integer in [0, 1073741824]"]),
+    (["--sync_config=/nonexistent/sync.yaml"], {}, ["--sync_config", "/nonexistent/sync.yaml does not exist"]),
     (["--sync_backend=horovod"], {}, ["horovod", "not started by horovodrun", "horovodrun -np"]),
     (["--sync_backend=multi_worker"], {}, ["multi_worker", "TF_CONFIG is not set"]),
     ([], {"TF_CONFIG": "{oops"}, ["TF_CONFIG", "not valid JSON"]),
     ([], {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}'}, ["TF_CONFIG: task"]),
     ([], {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
                        '"task": {"type": "worker", "index": 5}}'}, ["task.index", "0..1"]),
-], ids=["flag-mode", "env-mode", "backend", "missing-config", "horovod-without-horovodrun",
+], ids=["flag-mode", "env-mode", "backend", "old-sentinel", "missing-config", "horovod-without-horovodrun",
         "multi-worker-without-tf-config", "bad-json", "missing-task", "index-range"])
 def test_bad_input_gives_one_line(args, env, words):
     assert_one_clear_error(run_train(args, **env), *words)
@@ -61,7 +63,7 @@ def test_bad_input_gives_one_line(args, env, words):
 def test_config_file_with_unknown_key(tmp_path):
     path = tmp_path / "sync.yaml"
     path.write_text("mode: sync\nbakend: horovod\n")
-    assert_one_clear_error(run_train([f"--config={path}"]), "bakend", "unknown key", "mode, backend")
+    assert_one_clear_error(run_train([f"--sync_config={path}"]), "bakend", "unknown key", "mode, backend")
 
 
 @pytest.mark.timeout(120)
@@ -114,6 +116,6 @@ def test_async_cluster_errors(tf_config_text, words):
 @pytest.mark.timeout(120)
 def test_async_refuses_sharding_under_keras3():
     cluster = async_cluster("chief", "worker", "ps", "ps")
-    result = run_train(["--sync_mode=async", "--ps_shards=2"], TF_CONFIG=tf_config(cluster, "chief", 0),
+    result = run_train(["--sync_mode=async", "--sync_ps_shards=2"], TF_CONFIG=tf_config(cluster, "chief", 0),
                        TFSYNC_COLLECTIVE_TIMEOUT="20")
     assert_one_clear_error(result, "ps_shards", "Keras 3", "TF_USE_LEGACY_KERAS=1")

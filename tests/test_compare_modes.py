@@ -44,10 +44,10 @@ def test_plan_has_every_mode_and_swept_policy():
              for value in comparelib.accepted_values(key)
              if value != config.KNOBS_BY_KEY[key].default}
     assert columns == set(registry.MODES.names()) | swept | {"hybrid-s8"}
-    assert any("hybrid-s8 / equal" in line and "--staleness=8" in line for line in lines)
+    assert any("hybrid-s8 / equal" in line and "--sync_staleness=8" in line for line in lines)
     # kill_ps only where there is a ps; the async individual rates come with the slow condition
     assert [line.split("] ", 1)[1].split(":")[0] for line in lines if "kill_ps" in line] == ["async / kill_ps"]
-    assert any("async / solo slow" in line and "--slow_worker=0:4" in line and "of 1:" in line for line in lines)
+    assert any("async / solo slow" in line and "--sync_slow_worker=0:4" in line and "of 1:" in line for line in lines)
     assert any("sync / emulated slow" in line and "--compute_slow_worker=1:4" in line for line in lines)
 
 

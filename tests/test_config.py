@@ -1,4 +1,6 @@
 """Configuration: precedence of the sources and what each bad value says."""
+import re
+
 import pytest
 import yaml
 from absl import flags
@@ -51,17 +53,34 @@ def test_precedence_default_file_environment_flag(tmp_path, parsed_flags):
 def test_config_flag_beats_config_environment_variable(tmp_path, parsed_flags):
     by_env = write_yaml(tmp_path, {"backend": "mirrored"}, "env.yaml")
     by_flag = write_yaml(tmp_path, {"backend": "multi_worker"}, "flag.yaml")
-    parsed_flags(f"--config={by_flag}")
+    parsed_flags(f"--sync_config={by_flag}")
     assert config.resolve(environ={"TFSYNC_CONFIG": by_env}).backend == "multi_worker"
 
 
-def test_shipped_config_files_parse_and_name_their_mode():
+def test_shipped_config_files_are_the_knob_table(caplog):
+    """configs/<mode>.yaml is what tfsyncmodes.config_files renders from KNOBS (regenerate with
+    python -m tfsyncmodes.config_files configs): every knob the mode uses, at its shipped
+    default; loading one gives the mode's defaults and warns about nothing."""
     import os
 
+    from tfsyncmodes import config_files, knobs
+
     root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
-    for name in sorted(os.listdir(root)):
-        resolved = config.resolve(environ={"TFSYNC_CONFIG": os.path.join(root, name)}, use_flags=False)
-        assert resolved.mode == name.split(".")[0]
+    assert sorted(os.listdir(root)) == sorted(f"{mode}.yaml" for mode in config_files.MODES)
+    defaults = {mode: config.resolve({"mode": mode}, environ={}, use_flags=False) for mode in config_files.MODES}
+    for mode in config_files.MODES:
+        path = os.path.join(root, f"{mode}.yaml")
+        with open(path, encoding="utf-8") as handle:
+            assert handle.read() == config_files.render(mode), f"{path} drifted from the knob table"
+        # Knobs the defaults leave without effect are listed commented out ("# topk_ratio: 0.01").
+        entries = re.findall(r"^(?:# )?(\w+: .*)$", config_files.render(mode), re.M)
+        listed = yaml.safe_load("\n".join(e for e in entries if e.split(":")[0] in knobs.KNOBS_BY_KEY))
+        assert set(listed) == {k.key for k in knobs.KNOBS if k.used_by(mode)}
+        assert all(listed[key] == getattr(defaults[mode], key) for key in listed if key != "mode"), mode
+        caplog.clear()
+        resolved = config.resolve(environ={"TFSYNC_CONFIG": path}, use_flags=False)
+        assert config.knob_values(resolved) == config.knob_values(defaults[mode])
+        assert not [r for r in caplog.records if "has no effect" in r.getMessage()], mode
 
 
 def test_config_is_immutable():
@@ -73,9 +92,9 @@ def test_config_is_immutable():
 @pytest.mark.parametrize("environ, words", [
     ({"TFSYNC_MODE": "bogus"}, ["environment", "TFSYNC_MODE", "sync, async, hybrid"]),
     ({"TFSYNC_BACKEND": "nccl"}, ["TFSYNC_BACKEND", "auto, horovod, multi_worker, mirrored"]),
-    ({"TFSYNC_COLLECTIVE_TIMEOUT": "-1"}, ["TFSYNC_COLLECTIVE_TIMEOUT", "out of range", "[1.0, 86400.0]"]),
-    ({"TFSYNC_COLLECTIVE_TIMEOUT": "soon"}, ["TFSYNC_COLLECTIVE_TIMEOUT", "not a float"]),
-    ({"TFSYNC_CONFIG": "/nonexistent/sync.yaml"}, ["--config", "does not exist"]),
+    ({"TFSYNC_COLLECTIVE_TIMEOUT": "-1"}, ["TFSYNC_COLLECTIVE_TIMEOUT", "out of range", "[1, 86400]"]),
+    ({"TFSYNC_COLLECTIVE_TIMEOUT": "soon"}, ["TFSYNC_COLLECTIVE_TIMEOUT", "not a number"]),
+    ({"TFSYNC_CONFIG": "/nonexistent/sync.yaml"}, ["environment: TFSYNC_CONFIG: /nonexistent/sync.yaml does not exist"]),
 ])
 def test_bad_environment_values_name_source_field_and_fix(environ, words):
     with pytest.raises(ConfigError) as raised:
@@ -99,10 +118,34 @@ def test_bad_config_files(tmp_path, text, words):
 
 
 def test_bad_flag_value_names_the_flag(parsed_flags):
-    parsed_flags("--sync_mode=fast")
-    with pytest.raises(ConfigError) as raised:
-        config.resolve(environ={})
-    assert "--sync_mode" in str(raised.value) and "'fast'" in str(raised.value)
+    # absl parses the flag with the knob's parser: the error it raises carries the ConfigError
+    # (tfsyncmodes.run prints that one line, tests/test_cli_errors.py).
+    with pytest.raises(flags.IllegalFlagValueError) as raised:
+        parsed_flags("--sync_mode=fast")
+    assert isinstance(raised.value.__context__, ConfigError)
+    assert str(raised.value.__context__) == ("flag: --sync_mode: 'fast' is not accepted; "
+                                             "use one of: sync, async, hybrid, auto")
+
+
+def test_flags_are_typed_and_a_boolean_is_negated_with_no(parsed_flags):
+    parsed_flags("--nosync_error_feedback", "--sync_group_size=4", "--sync_max_staleness=0", "--sync_clip_norm=2.5",
+                 "--sync_compression=topk", "--sync_mode=hybrid")
+    assert (flags.FLAGS.sync_error_feedback, flags.FLAGS.sync_group_size) == (False, 4)
+    resolved = config.resolve(environ={})
+    assert (resolved.error_feedback, resolved.group_size, resolved.max_staleness, resolved.clip_norm) == (False, 4, 0, 2.5)
+    assert resolved.sources["error_feedback"] == "flag"
+    parsed_flags("--sync_error_feedback=false", "--sync_group_size=host")
+    assert (flags.FLAGS.sync_error_feedback, flags.FLAGS.sync_group_size) == (False, "host")
+    parsed_flags("--sync_staleness_aware_lr")
+    assert flags.FLAGS.sync_staleness_aware_lr is True
+    with pytest.raises(flags.UnrecognizedFlagError):  # absl puts "no" before the whole name
+        parsed_flags("--sync_noerror_feedback")
+
+
+def test_config_file_may_not_name_a_knob_twice(tmp_path):
+    path = write_yaml(tmp_path, "topk_ratio: 0.1\nsync_topk_ratio: 0.2\n")
+    with pytest.raises(ConfigError, match="topk_ratio, sync_topk_ratio: name the same knob; keep one of them"):
+        config.resolve(environ={"TFSYNC_CONFIG": path}, use_flags=False)
 
 
 @pytest.mark.parametrize("text, words", [

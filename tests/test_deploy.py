@@ -37,7 +37,15 @@ def containers(pod_template):
 
 
 def train_flags(command):
+    """The flags of a scripts/train.py command; its tfsyncmodes knobs must be in force (a knob
+    given that the run ignores, like topk_ratio without compression=topk, is a mistake)."""
+    from tfsyncmodes import config, flags as flag_defs
+
     assert command[:2] == ["python", "scripts/train.py"], command
+    given = flag_defs.parse_known(command[1:])
+    knobs = {k.key: given[k.flag].value for k in config.KNOBS if given[k.flag].present}
+    ignored = set(knobs) - set(config.resolve(knobs, environ={}, use_flags=False).knobs_in_force())
+    assert not ignored, (command, ignored)
     return dict(arg[2:].split("=", 1) for arg in command[2:] if arg.startswith("--") and "=" in arg)
 
 
@@ -101,7 +109,7 @@ def test_mpijob_launcher_runs_horovodrun_over_gloo_with_the_operators_hostfile(m
     assert option["--network-interface"] == "eth0"
     flags = train_flags(command[command.index("python"):])
     assert flags["sync_mode"] == mode
-    assert "group_size" not in flags  # hybrid: one group per worker pod (its slotsPerWorker ranks)
+    assert "sync_group_size" not in flags  # hybrid: one group per worker pod (its slotsPerWorker ranks)
     assert containers(workers["template"])[0]["command"] == ["/usr/sbin/sshd", "-De"]
     assert spec["sshAuthMountPath"] == "/root/.ssh"
 

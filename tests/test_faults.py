@@ -1,4 +1,4 @@
-"""``--slow_worker`` is a feature of its own (:mod:`tfsyncmodes.faults`): which worker gets which
+"""``--sync_slow_worker`` is a feature of its own (:mod:`tfsyncmodes.faults`): which worker gets which
 fault callback, and that a strategy adds it explicitly in ``callbacks()`` and ``fit()``, not
 among the callbacks the mode requires for correctness."""
 import json

@@ -154,8 +154,9 @@ def test_groups_that_do_not_fit_the_world(knobs, world, words):
     ({"TFSYNC_COMPRESSION": "zip"}, ["TFSYNC_COMPRESSION", "none, fp16, topk"]),
     ({"TFSYNC_STALENESS": "-1"}, ["TFSYNC_STALENESS", "out of range"]),
     ({"TFSYNC_CROSS_GROUP": "gossip"}, ["TFSYNC_CROSS_GROUP", "stale, periodic"]),
-    ({"TFSYNC_ELASTIC_ALPHA": "1.5"}, ["TFSYNC_ELASTIC_ALPHA", "out of range", "[0.0, 1.0]"]),
-    ({"TFSYNC_LOCAL_STEPS": "fast"}, ["TFSYNC_LOCAL_STEPS", "'fast'", "use auto or a number of steps"]),
+    ({"TFSYNC_ELASTIC_ALPHA": "1.5"}, ["TFSYNC_ELASTIC_ALPHA", "out of range", "use auto or a number in (0, 1]"]),
+    ({"TFSYNC_LOCAL_STEPS": "fast"}, ["TFSYNC_LOCAL_STEPS", "'fast'", "use one of: fixed, auto"]),
+    ({"TFSYNC_PERIOD": "0"}, ["TFSYNC_PERIOD", "out of range", "[1, 1048576]"]),
 ])
 def test_bad_hybrid_knobs_name_source_field_and_fix(environ, words):
     with pytest.raises(ConfigError) as raised:
@@ -195,7 +196,7 @@ def test_hybrid_without_horovodrun_is_one_clear_error():
 @pytest.mark.timeout(120)
 def test_group_size_that_does_not_divide_the_world_is_one_clear_error_per_rank():
     command = localrun.horovodrun_command(4, [PYTHON, os.path.join(REPO, "scripts", "train.py"),
-                                              "--sync_mode=hybrid", "--group_size=3", "--epochs=1"])
+                                              "--sync_mode=hybrid", "--sync_group_size=3", "--epochs=1"])
     result = localrun.run(command, timeout=100, env=clean_env(), cwd=REPO)
     assert result.returncode != 0
     assert ">:Traceback" not in result.stdout + result.stderr  # no rank (horovodrun itself may)
@@ -203,7 +204,7 @@ def test_group_size_that_does_not_divide_the_world_is_one_clear_error_per_rank()
     errors = errors_of(result)
     ranks = [line.split("]")[0] for line in errors]
     assert 1 <= len(errors) <= 4 and len(set(ranks)) == len(ranks), (result.stdout + result.stderr)[-3000:]
-    assert all("flag: --group_size: 3 does not divide the world size 4" in line for line in errors)
+    assert all("flag: --sync_group_size: 3 does not divide the world size 4" in line for line in errors)
 
 
 # --- horovodrun -np 4 against NumPy ----------------------------------------------------------
@@ -212,39 +213,40 @@ SCENARIOS = {
     "plain": {"compression": "none", "staleness": 0, "topk_ratio": 1.0, "cross_group": "stale"},
     "topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 0, "cross_group": "stale"},
     "stale_fp16": {"compression": "fp16", "staleness": 2, "cross_group": "stale"},
-    "periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
-                      "local_steps": 0},
+    "periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 2, "cross_group": "periodic",
+                      "local_steps": "fixed"},
     # Steps 0, 1 in lockstep, then rounds apply as they come in, at most one step late.
     "warmup_stale_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "warmup_steps": 2,
                           "cross_group": "stale"},
-    "warmup_periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 2, "warmup_steps": 1,
-                             "cross_group": "periodic", "local_steps": 0},
+    "warmup_periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 3, "warmup_steps": 1,
+                             "cross_group": "periodic", "local_steps": "fixed"},
     # DiLoCo's outer step: Nesterov momentum on the pseudo-gradient (lr 0.7, momentum 0.9).
-    "periodic_nesterov_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
-                               "outer_optimizer": "nesterov", "local_steps": 0},
+    "periodic_nesterov_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 2, "cross_group": "periodic",
+                               "outer_optimizer": "nesterov", "local_steps": "fixed"},
 }
 # The same as periodic_topk written two other ways: the outer step `average` with outer lr 1.0,
 # and EASGD with alpha = 1 / groups (the center becomes the mean, every group lands on it).
 AS_PERIODIC = {
     "periodic_average_lr1": dict(SCENARIOS["periodic_topk"], outer_optimizer="average", outer_lr=1.0),
-    "elastic_as_periodic": dict(SCENARIOS["periodic_topk"], cross_group="elastic", elastic_alpha=0.5),
+    "elastic_as_periodic": dict({k: v for k, v in SCENARIOS["periodic_topk"].items() if k != "local_steps"},
+                                cross_group="elastic", elastic_alpha=0.5),
 }
 ELASTIC = {  # EASGD: the paper's default alpha (0.9 / 2 groups) dense; alpha 0.3 with Top-K, error
     # feedback and a warm-up round, ending off a round (so the center is not the groups' mean).
-    "elastic_none": {"compression": "none", "staleness": 1, "cross_group": "elastic"},
-    "elastic_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 2, "warmup_steps": 1,
+    "elastic_none": {"compression": "none", "period": 2, "cross_group": "elastic"},
+    "elastic_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 3, "warmup_steps": 1,
                      "cross_group": "elastic", "elastic_alpha": 0.3},
 }
 KERAS3 = {**SCENARIOS, **AS_PERIODIC, **ELASTIC}  # one job runs them all
 
 
-# --local_steps=auto with rank 1 slowed 4x: its group runs fewer inner steps per round than
+# --sync_local_steps=auto with rank 1 slowed 4x: its group runs fewer inner steps per round than
 # the other (the run records the rounds; the reference replays them).
-AUTO_STEPS = {"auto_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
+AUTO_STEPS = {"auto_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 2, "cross_group": "periodic",
                             "local_steps": "auto", "slow_worker": "1:4.0"}}
 
-FIXED_STEPS = {"periodic_local_steps_3": {"compression": "none", "staleness": 0, "cross_group": "periodic",
-                                          "local_steps": 3}}
+# The period as its own knob, 3 inner steps between averages.
+FIXED_STEPS = {"periodic_period_3": {"compression": "none", "period": 3, "cross_group": "periodic"}}
 
 
 def check_local_steps(workers, knobs, steps, tolerance):
@@ -258,7 +260,7 @@ def check_local_steps(workers, knobs, steps, tolerance):
     assert rounds.shape[1] == 2 and rounds.min() >= 1, rounds
     assert rounds[:, 1 - slow].sum() == steps, rounds  # the fast group ran the whole epoch
     assert any(r[slow] < r[1 - slow] for r in rounds), rounds  # ... and more steps per round
-    assert rounds.max() <= knobs["staleness"] + 1
+    assert rounds.max() <= knobs["period"]
     for w in workers:  # every rank ran its group's steps, no more
         assert int(w["iterations"]) == rounds[:, int(w["group"])].sum()
         logged = json.loads(str(w["local_steps"]))
@@ -314,9 +316,9 @@ def rounds_schedule(workers, knobs, steps):
 
 
 def numpy_knobs(knobs):
-    """The knobs the fixed-schedule reference takes (local_steps 0, the period staleness + 1,
-    is its schedule; the scenarios pin it, whatever hybrid's default)."""
-    assert knobs.get("local_steps", 0) == 0 or knobs.get("cross_group") != "periodic", knobs
+    """The knobs the fixed-schedule reference takes (local_steps fixed: every `period` steps;
+    the scenarios pin the period, whatever hybrid's default)."""
+    assert knobs.get("local_steps", "fixed") == "fixed" or knobs.get("cross_group") != "periodic", knobs
     return {k: v for k, v in knobs.items() if k not in ("groups", "local_steps")}
 
 
@@ -342,9 +344,7 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
     results = run_scenarios(tmp_path, dict(KERAS3, **AUTO_STEPS, **FIXED_STEPS), steps, TFSYNC_GROUP_SIZE=2)
     for name, knobs in AUTO_STEPS.items():
         check_local_steps(results[name], knobs, steps, tolerance=1e-6)
-    # --local_steps=3 sets the period whatever the staleness: the reference's staleness 2.
-    fixed = dict(FIXED_STEPS["periodic_local_steps_3"], staleness=2, local_steps=0)
-    check_against_numpy(results["periodic_local_steps_3"], fixed, steps, tolerance=1e-6)
+    check_against_numpy(results["periodic_period_3"], FIXED_STEPS["periodic_period_3"], steps, tolerance=1e-6)
     size = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
     for name, knobs in KERAS3.items():
         workers = results[name]
@@ -354,7 +354,7 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
         if name != "plain":  # groups drift apart (before the final mean; between averages)
             x, y = reference.linear_data(steps, 4)
             if knobs["cross_group"] != "stale":  # stop after an update that no average follows
-                period, n = knobs["staleness"] + 1, steps
+                period, n = knobs["period"], steps
                 while n % period == 0 or n <= knobs.get("warmup_steps", 0):
                     n -= 1
                 x, y = x[:n], y[:n]
@@ -407,11 +407,11 @@ def check_as_periodic_and_elastic(results, periodic, steps):
 def test_hybrid_tf_keras_explicit_groups_stale_topk_and_outer_nesterov_equal_numpy(tmp_path):
     knobs = {"compression": "topk", "topk_ratio": 0.2, "staleness": 1, "cross_group": "stale",
              "staleness_aware_lr": False}  # late rounds count in full (Keras 3 covers the discount)
-    nesterov = {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "cross_group": "periodic",
-                "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8, "local_steps": 0}
+    nesterov = {"compression": "topk", "topk_ratio": 0.25, "period": 2, "cross_group": "periodic",
+                "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8, "local_steps": "fixed"}
     auto = dict(nesterov, local_steps="auto", slow_worker="1:4.0")
     # Also under tf_keras: plain periodic and its two special cases, elastic averaging, and
-    # --local_steps=auto with unequal groups.
+    # --sync_local_steps=auto with unequal groups.
     scenarios = {"stale_topk": knobs, "periodic_nesterov": nesterov, "periodic_topk": SCENARIOS["periodic_topk"],
                  **AS_PERIODIC, **ELASTIC}
     results = run_scenarios(tmp_path, dict(scenarios, auto_nesterov=auto), steps=4, TFSYNC_GROUPS="0,2;1,3",

@@ -1,4 +1,4 @@
-"""Hybrid ``stale`` in a run that really lags: rank 2 is slowed (``--slow_worker``), so the
+"""Hybrid ``stale`` in a run that really lags: rank 2 is slowed (``--sync_slow_worker``), so the
 other group runs ahead and applies the slow group's rounds late; each late round must count
 1/(1+steps late) (``staleness_aware_lr``, on by default), as the NumPy reference replays from
 the recorded schedule."""

@@ -1,7 +1,7 @@
 """Hybrid mode with staleness 0 and no compression, through the public API: with
 ``cross_group=stale`` the update is sync mode's (the mean gradient over all ranks), with SGD
-and with Adam; ``periodic`` averages the groups' models every step (local SGD, its own NumPy
-reference)."""
+and with Adam; ``periodic`` with period 1 averages the groups' models every step (local SGD,
+its own NumPy reference)."""
 import json
 import os
 
@@ -47,8 +47,8 @@ def test_stale_with_staleness_0_and_no_compression_equals_sync(tmp_path, optimiz
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_periodic_with_staleness_0_and_no_compression_averages_every_step(tmp_path):
-    knobs = {"compression": "none", "staleness": 0, "cross_group": "periodic"}
+def test_periodic_with_period_1_and_no_compression_averages_every_step(tmp_path):
+    knobs = {"compression": "none", "period": 1, "cross_group": "periodic"}
     ranks = run_hybrid(tmp_path, knobs, "sgd")
     x, y = reference.linear_data(STEPS, 4)
     want = reference.hybrid_training(ranks[0]["kernel0"], ranks[0]["bias0"], x, y, [[0, 1], [2, 3]], **knobs)

@@ -23,7 +23,7 @@ EPOCHS = 8
 STEPS_PER_EPOCH = 22  # digits: 1437 training examples // batch 64
 # The MLP of train.py, writing each process's final weights to $RESUME_WEIGHTS_DIR.
 MODEL_HOOK = "--model=tests.workers.resume_weights:build"
-BACKENDS = {"horovod": ["--sync_mode=sync"], "hybrid": ["--sync_mode=hybrid", "--group_size=1"],
+BACKENDS = {"horovod": ["--sync_mode=sync"], "hybrid": ["--sync_mode=hybrid", "--sync_group_size=1"],
             "mirrored": ["--sync_mode=sync", "--sync_backend=mirrored"],
             "multi_worker": ["--sync_mode=sync", "--sync_backend=multi_worker"], "async": ["--sync_mode=async"]}
 

@@ -1,4 +1,4 @@
-"""--mode_schedule: parsing (bad text is one line naming the knob) and phases in steps."""
+"""--sync_mode_schedule: parsing (bad text is one line naming the knob) and phases in steps."""
 import subprocess
 import sys
 
@@ -51,9 +51,9 @@ def test_bad_schedule_flag_is_one_line_exit_2():
 
     env = clean_env()
     env.pop("TF_CPP_MIN_LOG_LEVEL")  # unset, as a user's: the script keeps TensorFlow's start-up lines off
-    run = subprocess.run([sys.executable, "scripts/train.py", "--mode_schedule=sync:10%,nope"],
+    run = subprocess.run([sys.executable, "scripts/train.py", "--sync_mode_schedule=sync:10%,nope"],
                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert run.returncode == 2, run.stderr
     lines = [l for l in run.stderr.splitlines() if l.strip()]
-    assert lines == ["tfsyncmodes: error: flag: --mode_schedule: phase 1 of 'sync:10%,nope' names mode "
+    assert lines == ["tfsyncmodes: error: flag: --sync_mode_schedule: phase 1 of 'sync:10%,nope' names mode "
                      "'nope'; use modes among sync, async, hybrid"], lines

@@ -110,12 +110,12 @@ def test_launcher_refuses_async_schedule_without_ps_or_with_sync_mode():
     # The launcher as a file (`-m tfsyncmodes.launch` runs the same code after importing the
     # package, and with it TensorFlow, whose C++ start-up lines would come first).
     result = localrun.run([PYTHON, LAUNCH, "--ps", "0", "--", PYTHON, "scripts/train.py",
-                           "--mode_schedule=sync:1e,async"], timeout=120, env=clean_env(), cwd=REPO)
+                           "--sync_mode_schedule=sync:1e,async"], timeout=120, env=clean_env(), cwd=REPO)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert "--ps: 0" in lines[0] and "use --ps 1 or more" in lines[0] and "Traceback" not in result.stderr
     result = localrun.run([PYTHON, LAUNCH, "--", PYTHON, "scripts/train.py", "--sync_mode=sync",
-                           "--mode_schedule", "sync:1e,async"], timeout=120, env=clean_env(), cwd=REPO)
+                           "--sync_mode_schedule", "sync:1e,async"], timeout=120, env=clean_env(), cwd=REPO)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and "drop --sync_mode" in lines[0], result.stderr
 
@@ -123,7 +123,7 @@ def test_launcher_refuses_async_schedule_without_ps_or_with_sync_mode():
 def test_train_py_refuses_a_schedule_through_async_outside_the_launcher():
     env = clean_env()
     del env["TF_CPP_MIN_LOG_LEVEL"]  # train.py then holds TensorFlow's C++ start-up lines back
-    result = localrun.run([PYTHON, "scripts/train.py", "--mode_schedule=sync:1e,async"], timeout=180,
+    result = localrun.run([PYTHON, "scripts/train.py", "--sync_mode_schedule=sync:1e,async"], timeout=180,
                           env=env, cwd=REPO)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1, result.stderr
@@ -161,7 +161,7 @@ def test_sync_async_sync_through_the_launcher(tmp_path):
     # package (and TensorFlow) into the launcher process.
     command = [PYTHON, LAUNCH, "--np", "2", "--workers", "1", "--ps", "1",
                "--phase_dir", str(phase_dir), "--timeout", "600", "--",
-               PYTHON, "scripts/train.py", "--mode_schedule=sync:1e,async:1e,sync", "--epochs=3",
+               PYTHON, "scripts/train.py", "--sync_mode_schedule=sync:1e,async:1e,sync", "--epochs=3",
                f"--model_dir={model_dir}", f"--metrics_file={metrics_file}", "--hidden_units=32",
                "--batch_size=32", "--learning_rate=0.1"]
     result = localrun.run(command, timeout=660, env=clean_env(), cwd=REPO)
@@ -220,7 +220,7 @@ def test_a_users_own_script_runs_a_schedule_through_async(tmp_path):
     """No phase plumbing in the script: strategy.callbacks() and strategy.fit() run the phase."""
     command = [PYTHON, LAUNCH, "--np", "2", "--workers", "1", "--ps", "1", "--phase_dir", str(tmp_path / "phases"),
                "--timeout", "600", "--", PYTHON, os.path.join(REPO, "tests", "workers", "schedule_user.py"),
-               str(tmp_path / "run"), "--mode_schedule=sync:1e,async:1e,sync"]
+               str(tmp_path / "run"), "--sync_mode_schedule=sync:1e,async:1e,sync"]
     result = localrun.run(command, timeout=660, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
     assert "[launch] all 3 phases done" in result.stdout

@@ -1,4 +1,4 @@
-"""Switching between sync and hybrid within one horovodrun job (``--mode_schedule``): the
+"""Switching between sync and hybrid within one horovodrun job (``--sync_mode_schedule``): the
 steps just before and after every switch against NumPy, one model and one optimizer state on
 every rank after a switch to sync, the logs and markers of each switch, and bad schedules."""
 import json
@@ -19,17 +19,20 @@ EPOCHS, STEPS = 3, 4  # 12 steps; every epoch feeds the same 4 batches
 
 # --- in this process -------------------------------------------------------------------------
 
-def test_a_schedule_is_a_switch_plan_with_one_config_per_mode():
+def test_a_schedule_is_a_switch_plan_with_one_config_per_mode(monkeypatch):
+    import dataclasses
+
+    from tfsyncmodes import knobs
+
     config = resolve({"mode_schedule": "sync:10%,hybrid:80%,sync"}, environ={"TFSYNC_TOPK_RATIO": "0.5"},
                      use_flags=False)
     plan, modes = recipes.switch_plan(config)
     assert modes == ("sync", "hybrid") and type(plan).__name__ == "SchedulePlan"
+    # Knobs left at their default take each mode's default; knobs given stay as given. (No
+    # shipped knob's default differs by mode now: one that did is declared here.)
+    staleness = dataclasses.replace(knobs.KNOBS_BY_KEY["staleness"], default=2, mode_defaults=(("hybrid", 7),))
+    monkeypatch.setattr(knobs, "KNOBS", tuple(staleness if k.key == "staleness" else k for k in knobs.KNOBS))
     hybrid, sync = recipes.mode_config(config, "hybrid"), recipes.mode_config(config, "sync")
-    # Knobs left at their default take each mode's default; knobs given stay as given.
-    from tfsyncmodes.knobs import KNOBS_BY_KEY
-
-    staleness = KNOBS_BY_KEY["staleness"]
-    assert staleness.default_for("hybrid") != staleness.default  # a knob whose default differs
     assert (hybrid.mode, hybrid.staleness, hybrid.topk_ratio) == ("hybrid", staleness.default_for("hybrid"), 0.5)
     assert (sync.mode, sync.staleness, sync.topk_ratio) == ("sync", staleness.default, 0.5)
     assert recipes.switch_plan(resolve({}, environ={}, use_flags=False)) is None
@@ -53,7 +56,7 @@ def test_schedules_this_process_cannot_run_are_one_clear_error(text, words):
 
 def test_a_switching_optimizer_round_trips_through_model_save(tmp_path):
     """Every mode's exchange state is optimizer state and comes back from ``model.save``, with
-    the per-mode knobs the run derived (hybrid's Top-K error feedback)."""
+    the knobs the run was given (here hybrid's Top-K error feedback)."""
     import keras
 
     import tfsyncmodes
@@ -204,12 +207,12 @@ def check_switches(workers, text, knobs, optimizer_class, rounds=None, tolerance
 @pytest.mark.timeout(480)
 def test_keras3_sync_hybrid_sync_periodic_equal_numpy_and_one_state_after(tmp_path):
     text = "sync:3,hybrid:6,sync"
-    knobs = {"compression": "none", "staleness": 3, "cross_group": "periodic"}  # hybrid's defaults
-    result, runs = run_job(tmp_path, "sgd,adam", TFSYNC_MODE_SCHEDULE=text, TFSYNC_STALENESS=3)
+    knobs = {"compression": "none", "period": 4, "cross_group": "periodic"}  # hybrid's defaults
+    result, runs = run_job(tmp_path, "sgd,adam", TFSYNC_MODE_SCHEDULE=text, TFSYNC_PERIOD=4)
     check_switches(runs["sgd"], text, knobs, "SyncOptimizer")
     # bytes_sent per epoch: the dense float32 model change of each average over the epoch's hybrid steps
     # (0 in sync steps and epochs), one History entry per epoch.
-    phases, period = schedule_lib.phases(text, EPOCHS * STEPS, STEPS), knobs["staleness"] + 1
+    phases, period = schedule_lib.phases(text, EPOCHS * STEPS, STEPS), knobs["period"]
     size = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
     hybrid = [p for p in phases if p.mode == "hybrid"][0]
     want = []

@@ -1,4 +1,4 @@
-"""Online switching: ``--slow_worker`` windows, the straggler policy's decision and
+"""Online switching: ``--sync_slow_worker`` windows, the straggler policy's decision and
 ``--sync_mode=auto``'s rule (pure), and real runs: a transient straggler whose slowdown shows
 only inside its window, and the straggler policy in a horovodrun -np 4 job."""
 import os
@@ -16,7 +16,7 @@ from tfsync_testbed import localrun
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 
 
-# --- --slow_worker=INDEX:FACTOR[@START%-END%] ----------------------------------------------
+# --- --sync_slow_worker=INDEX:FACTOR[@START%-END%] ----------------------------------------------
 
 @pytest.mark.parametrize("text, canonical", [
     ("1:4", "1:4.0"), ("1:4.0@30%-60%", "1:4.0@30%-60%"), (" 2:2.5@0%-100% ", "2:2.5@0%-100%"),
@@ -36,10 +36,10 @@ def test_slow_worker_rejects_bad_windows(text):
 
 
 def test_bad_slow_worker_flag_is_one_line_and_exit_2():
-    result = localrun.run([PYTHON, TRAIN, "--slow_worker=1:4@60%-30%"], timeout=120, env=clean_env(), cwd=REPO)
+    result = localrun.run([PYTHON, TRAIN, "--sync_slow_worker=1:4@60%-30%"], timeout=120, env=clean_env(), cwd=REPO)
     errors = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error:")]
     assert result.returncode == 2, result.stderr[-2000:]
-    assert len(errors) == 1 and "--slow_worker" in errors[0] and "Traceback" not in result.stderr
+    assert len(errors) == 1 and "--sync_slow_worker" in errors[0] and "Traceback" not in result.stderr
 
 
 def test_async_refuses_a_window_but_takes_the_plain_form():

@@ -1,4 +1,4 @@
-"""Sync mode with --compression under horovodrun, against NumPy: every rank applies the same
+"""Sync mode with --sync_compression under horovodrun, against NumPy: every rank applies the same
 decompressed mean (identical weights), error feedback keeps what Top-K dropped, and the bytes
 in the History are the payloads'. tf.distribute backends refuse compression."""
 import math

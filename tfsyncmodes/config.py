@@ -1,9 +1,12 @@
 """One resolved, validated, immutable configuration per run.
 
-Sources, in rising precedence: built-in defaults < a YAML config file (``--config`` or
-``TFSYNC_CONFIG``) < environment variables (``TFSYNC_<KNOB>``) < absl flags that were given on
-the command line. The result remembers which source every value came from, so the chief can
-log it (:meth:`SyncConfig.describe`).
+Sources, in rising precedence: built-in defaults (a mode's own where
+:attr:`~tfsyncmodes.knobs.Knob.mode_defaults` says so) < a YAML config file (``--sync_config``
+or ``TFSYNC_CONFIG``) < environment variables (``TFSYNC_<KEY>``) < absl flags given on the
+command line (``--sync_<key>``) < arguments in code. Every value, from every source, goes
+through its knob's one parser. The result remembers which source every value came from, so the
+chief can log it (:meth:`SyncConfig.describe`); a knob given explicitly that has no effect in
+the resolved configuration (``topk_ratio`` without ``compression=topk``) is one warning line.
 
 Every knob is declared once in :data:`tfsyncmodes.knobs.KNOBS`; the flags
 (``tfsyncmodes.flags``), the environment variables, the accepted config-file keys and the
@@ -13,23 +16,34 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
+from absl import logging
+
+from tfsyncmodes import flags as flag_defs
 from tfsyncmodes.errors import ConfigError, one_of
-from tfsyncmodes.knobs import ENV_PREFIX, KNOBS, KNOBS_BY_KEY, Knob
+from tfsyncmodes.knobs import KNOBS, KNOBS_BY_KEY, Knob, in_force, run_modes
 
-CONFIG_ENV = ENV_PREFIX + "CONFIG"
+CONFIG_ENV = flag_defs.CONFIG_ENV
+_warned = set()  # warning lines logged already (a run resolves more than once)
+
+
+def _knobs_in_force(self) -> Tuple[str, ...]:
+    """The keys of the knobs that act in this configuration (in any mode it trains in)."""
+    values = knob_values(self)
+    return tuple(knob.key for knob in KNOBS if in_force(knob, values))
 
 
 def _describe(self, every: bool = False) -> str:
-    """One line per knob the run's mode uses (`every`: every knob): value and its source."""
+    """One line per knob in force (`every`: every knob): its value and where it came from."""
     width = max(len(k.key) for k in KNOBS)
-    lines = [f"tfsyncmodes configuration ({'every knob' if every else 'the knobs ' + self.mode + ' mode uses'}):"]
+    shown = {k.key for k in KNOBS} if every else set(self.knobs_in_force())
+    what = "every knob" if every else "the knobs in force for mode " + "/".join(run_modes(knob_values(self)))
+    lines = [f"tfsyncmodes configuration ({what}):"]
     for knob in KNOBS:
-        if not (every or knob.used_by(self.mode)):
-            continue
-        value = getattr(self, knob.key)
-        lines.append(f"  {knob.key:<{width}} = {value!r:<12} ({self.sources.get(knob.key, 'default')})")
+        if knob.key in shown:
+            value = getattr(self, knob.key)
+            lines.append(f"  {knob.key:<{width}} = {value!r:<12} ({self.sources.get(knob.key, 'default')})")
     return "\n".join(lines)
 
 
@@ -37,12 +51,18 @@ def _describe(self, every: bool = False) -> str:
 # Built from KNOBS so that a knob is declared in one place only. Use resolve() to make one.
 SyncConfig = dataclasses.make_dataclass(
     "SyncConfig",
-    [(k.key, type(k.default), dataclasses.field(default=k.default)) for k in KNOBS]
+    [(k.key, Any, dataclasses.field(default=k.default)) for k in KNOBS]
     + [("sources", Mapping, dataclasses.field(default_factory=dict, compare=False))],
     frozen=True,
-    namespace={"describe": _describe, "__module__": __name__,
+    namespace={"describe": _describe, "knobs_in_force": _knobs_in_force, "__module__": __name__,
                "__doc__": "The resolved, immutable configuration of a run (see resolve())."},
 )
+
+
+def field_of(knob: Knob, source: str) -> str:
+    """How a ConfigError names `knob` given by `source`: its flag, its variable, or its key."""
+    return {"environment": knob.env, "flag": "--" + knob.flag}.get(source, knob.key)
+
 
 def _parse(knob: Knob, value: Any, source: str, field: str) -> Any:
     try:
@@ -57,65 +77,87 @@ def knob_values(config: "SyncConfig") -> Dict[str, Any]:
     return {knob.key: getattr(config, knob.key) for knob in KNOBS}
 
 
+# Values an optimizer saved before the knobs took words: the number that meant the word.
+_SAVED_SENTINELS = {"clip_norm": (0, "off"), "lr_decay": (0, "off"), "delay_compensation": (0, "off"),
+                    "max_staleness": (-1, "off"), "group_size": (0, "host"), "outer_lr": (0, "auto"),
+                    "elastic_alpha": (0, "auto")}
+
+
+def _saved_before_period(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """Knobs saved before ``period`` existed, in today's terms: sentinels as words, and the
+    period that staleness (+1) or a numeric local_steps set."""
+    out = dict(values)
+    for key, (old, word) in _SAVED_SENTINELS.items():
+        if key in out and not isinstance(out[key], (str, bool)) and out[key] == old:
+            out[key] = word
+    steps = out.get("local_steps", 0)
+    out["period"] = steps if isinstance(steps, int) and steps > 0 else int(out.get("staleness", 7)) + 1
+    out["local_steps"] = "auto" if steps == "auto" else "fixed"
+    return out
+
+
 def from_saved(values: Mapping[str, Any], source: str = "saved optimizer") -> "SyncConfig":
     """The config a saved optimizer was built with (knobs it does not name: defaults)."""
+    if "period" not in values and "staleness" in values:
+        values = _saved_before_period(values)
     parsed = {key: _parse(KNOBS_BY_KEY[key], value, source, key)
               for key, value in values.items() if key in KNOBS_BY_KEY}
     return SyncConfig(**parsed, sources={key: source for key in parsed})
 
 
-def load_file(path: str) -> Dict[str, Any]:
-    """Reads a YAML config file: a mapping of knob keys to values."""
+def load_file(path: str, source: str = "flag", field: str = "--" + flag_defs.CONFIG_FLAG) -> Dict[str, Any]:
+    """Reads a YAML config file (named by `source`'s `field`): knob keys or flag names to values."""
     import yaml
 
-    source = f"config file {path}"
+    where = f"config file {path}"
     if not os.path.isfile(path):
-        raise ConfigError("--config", "path", f"{path} does not exist",
-                          "give an existing YAML file, e.g. configs/sync.yaml")
+        raise ConfigError(source, field, f"{path} does not exist", "give an existing YAML file, e.g. configs/sync.yaml")
     try:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(source, "(yaml)", f"does not parse{where}: {getattr(error, 'problem', error)}",
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(where, "(yaml)", f"does not parse{at}: {getattr(error, 'problem', error)}",
                           "fix the YAML syntax") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(source, "(yaml)", "must be a mapping of knob: value", one_of(KNOBS_BY_KEY))
+        raise ConfigError(where, "(yaml)", "must be a mapping of knob: value", one_of(KNOBS_BY_KEY))
     by_flag = {knob.flag: knob.key for knob in KNOBS}
     unknown = [str(key) for key in data if key not in KNOBS_BY_KEY and key not in by_flag]
     if unknown:
-        raise ConfigError(source, ", ".join(unknown), f"unknown key{'s' if len(unknown) > 1 else ''}",
+        raise ConfigError(where, ", ".join(unknown), f"unknown key{'s' if len(unknown) > 1 else ''}",
                           "use knob names or their flag names: " + ", ".join(KNOBS_BY_KEY))
+    twice = [key for key in data if key in by_flag and by_flag[key] in data]
+    if twice:
+        raise ConfigError(where, f"{by_flag[twice[0]]}, {twice[0]}", "name the same knob", "keep one of them")
     return {by_flag.get(key, key): value for key, value in data.items()}
 
 
-def _flag_values() -> Dict[str, Any]:
-    """Knob values given explicitly on the command line.
+def with_mode_defaults(config: "SyncConfig", mode: str) -> "SyncConfig":
+    """`config` as a run in `mode` has it: ``mode`` set, and knobs at their default take that
+    mode's default (:attr:`~tfsyncmodes.knobs.Knob.mode_defaults`)."""
+    values = {knob.key: knob.default_for(mode) for knob in KNOBS
+              if knob.key != "mode" and config.sources.get(knob.key, "default") == "default"}
+    return dataclasses.replace(config, mode=mode, **values)
 
-    From absl's FLAGS when the program parsed them (``absl.app.run``, ``tfsyncmodes.run``);
-    otherwise (an argparse script, or none) absl parses this program's ``sys.argv`` into a
-    private set of just tfsyncmodes' flags, leaving every other argument to the script, so
-    that ``--sync_mode`` and the other knobs are never silently ignored.
-    """
-    import sys
 
-    from absl import flags
-
-    from tfsyncmodes import flags as flag_defs
-
-    values = flags.FLAGS
-    if not values.is_parsed():
-        values = flag_defs.parse_known(sys.argv)
-    given = {}
+def _warn_not_in_force(config: "SyncConfig") -> None:
+    """One warning line per knob given explicitly that has no effect in `config`."""
+    values, shown = knob_values(config), set(config.knobs_in_force())
     for knob in KNOBS:
-        if knob.flag in values and values[knob.flag].present:
-            given[knob.key] = values[knob.flag].value
-    if "config" in values and values["config"].present:
-        given["config"] = values["config"].value
-    return given
+        source = config.sources.get(knob.key, "default")
+        if source == "default" or knob.key in shown:
+            continue
+        context = ", ".join(f"mode_schedule={values['mode_schedule']}" if key == "mode" and values["mode_schedule"]
+                            else f"{key}={values[key]!r}" if values[key] == "" else f"{key}={values[key]}"
+                            for key in knob.applies.deciding)
+        line = (f"tfsyncmodes: {field_of(knob, source)} ({source}) has no effect: it applies with "
+                f"{knob.applies.depends}, and this run has {context}")
+        if line not in _warned:
+            _warned.add(line)
+            logging.warning("%s", line)
 
 
 def resolve(
@@ -128,16 +170,19 @@ def resolve(
     `overrides` are arguments given in code (e.g. ``make_strategy("async")``) and rank with
     the flags, above the environment.
     """
-    flag_values = _flag_values() if use_flags else {}
+    flag_values = flag_defs.command_line() if use_flags else {}
     overrides = dict(overrides or {})
     for key in overrides:
         if key not in KNOBS_BY_KEY:
             raise ConfigError("argument", key, "unknown knob", one_of(KNOBS_BY_KEY))
 
-    config_path = flag_values.pop("config", None) or environ.get(CONFIG_ENV) or None
     layers = [("default", {k.key: k.default for k in KNOBS})]
-    if config_path:
-        layers.append((f"config file {config_path}", load_file(config_path)))
+    if flag_values.get("config"):
+        layers.append((f"config file {flag_values['config']}", load_file(flag_values["config"])))
+    elif environ.get(CONFIG_ENV):
+        layers.append((f"config file {environ[CONFIG_ENV]}",
+                       load_file(environ[CONFIG_ENV], "environment", CONFIG_ENV)))
+    flag_values.pop("config", None)
     layers.append(("environment", {k.key: environ[k.env] for k in KNOBS if environ.get(k.env, "") != ""}))
     layers.append(("flag", flag_values))
     layers.append(("argument", {k: v for k, v in overrides.items() if v is not None}))
@@ -147,10 +192,8 @@ def resolve(
     for source, layer in layers:
         for key, value in layer.items():
             knob = KNOBS_BY_KEY[key]
-            field = {"environment": knob.env, "flag": "--" + knob.flag}.get(source, key)
-            values[key] = _parse(knob, value, source, field)
+            values[key] = _parse(knob, value, source, field_of(knob, source))
             sources[key] = source
-    for knob in KNOBS:  # a default that depends on the mode (compression: topk in hybrid)
-        if sources[knob.key] == "default":
-            values[knob.key] = knob.default_for(values["mode"])
-    return SyncConfig(**values, sources=sources)
+    config = with_mode_defaults(SyncConfig(**values, sources=sources), values["mode"])
+    _warn_not_in_force(config)
+    return config

@@ -59,7 +59,10 @@ def run(main: Callable[[list], object]) -> None:
         try:
             return flags.FLAGS(argv)
         except flags.Error as error:
-            print(f"tfsyncmodes: error: flag: {error}; see --helpfull", file=sys.stderr, flush=True)
+            if isinstance(error.__context__, ConfigError):  # a knob's flag: its parser's message
+                print(f"tfsyncmodes: error: {error.__context__}", file=sys.stderr, flush=True)
+            else:
+                print(f"tfsyncmodes: error: flag: {error}; see --helpfull", file=sys.stderr, flush=True)
             sys.exit(EXIT_CONFIG_ERROR)
 
     app.run(guarded, flags_parser=parse_flags)

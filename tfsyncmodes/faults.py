@@ -1,7 +1,7 @@
-"""Fault injection: ``--slow_worker=INDEX:FACTOR[@START%-END%]``, a straggler to rehearse with.
+"""Fault injection: ``--sync_slow_worker=INDEX:FACTOR[@START%-END%]``, a straggler to rehearse with.
 
 A feature for users who want to see how a mode behaves when one worker is slower than the
-others, without a slow machine: the knob ``slow_worker`` (flag ``--slow_worker``, env
+others, without a slow machine: the knob ``slow_worker`` (flag ``--sync_slow_worker``, env
 ``TFSYNC_SLOW_WORKER``, YAML ``slow_worker``) names the worker and how many times slower it runs.
 
 - Horovod ranks and tf.distribute workers (sync, hybrid, switching): a Keras callback,
@@ -97,7 +97,7 @@ class SlowWorker(keras.callbacks.Callback):
     """Fault injection: after each step, sleeps so that the step took `factor` times as long;
     with `window` (fractions of the run's steps, as in :class:`SlowSpec`) only inside it.
 
-    What ``--slow_worker=INDEX:FACTOR[@START%-END%]`` adds on worker INDEX (see
+    What ``--sync_slow_worker=INDEX:FACTOR[@START%-END%]`` adds on worker INDEX (see
     :func:`callbacks_for`); the benchmarks use it to model a straggler.
     """
 
@@ -115,7 +115,7 @@ class SlowWorker(keras.callbacks.Callback):
         epochs = (self.params or {}).get("epochs") or 1
         if self.window != (0.0, 1.0):
             if not steps:
-                            raise ConfigError("fit", "steps_per_epoch", "--slow_worker with a window needs the "
+                            raise ConfigError("fit", "steps_per_epoch", "--sync_slow_worker with a window needs the "
                                   "run's length", "pass steps_per_epoch to fit")
             spec = SlowSpec(0, self.factor, *self.window)
             self._steps = spec.window_steps(int(steps) * int(epochs))

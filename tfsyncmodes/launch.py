@@ -15,7 +15,7 @@ itself in a network namespace of its own with only a loopback interface: the clu
 private to this machine. ``--share_network`` keeps the machine's network (for tasks that must
 reach other hosts, e.g. to download data; the ports are then open to the network).
 
-A command whose ``--mode_schedule`` passes through async runs phase after phase, each on its
+A command whose ``--sync_mode_schedule`` passes through async runs phase after phase, each on its
 own process layout (``horovodrun -np --np`` for sync and hybrid, this cluster for async); see
 :mod:`tfsyncmodes.switching.phases.launching`.
 

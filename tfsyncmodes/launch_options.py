@@ -74,10 +74,10 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--port", type=_count, default=None,
                         help="with --print-tf-config: first port on each host (default 2222)")
     parser.add_argument("--np", type=int, default=None,
-                        help="with --mode_schedule through async: horovodrun ranks of the sync and hybrid "
+                        help="with --sync_mode_schedule through async: horovodrun ranks of the sync and hybrid "
                              "phases (default: --workers)")
     parser.add_argument("--phase_dir", default="",
-                        help="with --mode_schedule through async: where the phases' checkpoints and plan "
+                        help="with --sync_mode_schedule through async: where the phases' checkpoints and plan "
                              "are kept (default: a temporary directory, removed at the end)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run in every task")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""``--mode_schedule``: one run through several modes, one phase after the other.
+"""``--sync_mode_schedule``: one run through several modes, one phase after the other.
 
 Syntax: phases separated by commas, each ``MODE:LENGTH``; the last phase may omit its length
 and runs to the end. A length is a fraction of the run's total steps (``10%``), a number of

@@ -6,7 +6,7 @@ Scenarios (each with a model of its own, in the same cluster):
 
 * ``counter``: schedules STEPS updates of the wrapped optimizer straight on the coordinator
   (no training loop to correct the count afterwards) and saves the parameter-server copy of
-  ``optimizer.iterations``, and which worker ran each step (with ``--slow_worker``, one of
+  ``optimizer.iterations``, and which worker ran each step (with ``--sync_slow_worker``, one of
   them runs slowed down).
 * ``metrics``: one epoch of ``strategy.fit`` with the learning rate 0, every batch the same
   BATCH examples, so every step's predictions are those of the saved weights: the test

@@ -1,5 +1,5 @@
 """Chief of a real PS cluster: trains a small MLP with ``strategy.fit`` and saves where each of
-its variables lives (``--ps_shards`` / ``TFSYNC_PS_SHARDS`` and ``TFSYNC_MIN_SHARD_BYTES``
+its variables lives (``--sync_ps_shards`` / ``TFSYNC_PS_SHARDS`` and ``TFSYNC_MIN_SHARD_BYTES``
 come from the environment).
 
     python -m tfsyncmodes.launch --workers 1 --ps 2 -- python async_placement.py OUTDIR

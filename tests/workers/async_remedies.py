@@ -15,7 +15,7 @@ under the SSP bound and DC-ASGD, saved as NumPy files. The knobs come from the e
   The weights after every round are saved.
 * ``fit``: the library's training loop (Keras 3: ``fit_loop`` with its ``CoordinatorRunner``,
   subclassed only to keep the fetched step results; tf_keras: ``strategy.fit``, i.e.
-  ``model.fit``) for FIT_EPOCHS epochs with the cluster's ``--slow_worker`` and
+  ``model.fit``) for FIT_EPOCHS epochs with the cluster's ``--sync_slow_worker`` and
   ``max_staleness=0``; every update's staleness is saved (Keras 3: the fetched step results;
   tf_keras: a histogram on the parameter server, added to with ``scatter_add``, read at each
   epoch's end), with the History's ``dropped_updates``.

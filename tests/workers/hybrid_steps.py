@@ -55,7 +55,7 @@ def main(argv):
 
     class SleepAfterStep(keras.callbacks.Callback):
         """A scenario's straggler: sleeps a fixed time after every step (FACTOR / 4 seconds for
-        --slow_worker=INDEX:FACTOR), far above a step of this model on a loaded host, from the
+        --sync_slow_worker=INDEX:FACTOR), far above a step of this model on a loaded host, from the
         first step on."""
 
         def __init__(self, factor):
@@ -102,7 +102,7 @@ def main(argv):
                          if composed is not None else tfsyncmodes.wrap(inner, config=knobs))
             model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
         rounds = RoundsApplied()
-        # A scenario's own straggler (--slow_worker among its knobs), after the required callbacks.
+        # A scenario's own straggler (--sync_slow_worker among its knobs), after the required callbacks.
         factor = slow_worker_factor(knobs, rank)
         slow = [SleepAfterStep(factor)] if factor > 1.0 and not base.slow_worker else []
         history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0,

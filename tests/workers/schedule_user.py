@@ -1,6 +1,6 @@
 """A user's own script (not scripts/train.py): a model, the strategy's wrapper and callbacks,
 ``strategy.fit`` with the run's whole epochs. Run through the launcher with
-``--mode_schedule=sync:1e,async:1e,sync`` it trains one phase per process layout; each phase's
+``--sync_mode_schedule=sync:1e,async:1e,sync`` it trains one phase per process layout; each phase's
 chief prints one JSON line.
 
     python -m tfsyncmodes.launch --np 2 --workers 1 --ps 1 -- python schedule_user.py MODEL_DIR

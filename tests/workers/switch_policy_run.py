@@ -1,4 +1,4 @@
-"""Trains a small MLP under ``--switch_policy=straggler`` and saves what the test checks.
+"""Trains a small MLP under ``--sync_switch_policy=straggler`` and saves what the test checks.
 
     horovodrun -np 4 python switch_policy_run.py OUTDIR [--epochs=6] [--steps=20]
 

@@ -1,4 +1,4 @@
-"""Trains a linear model through a --mode_schedule of sync and hybrid phases (in-process
+"""Trains a linear model through a --sync_mode_schedule of sync and hybrid phases (in-process
 switching) and saves what the test needs to check each step against NumPy.
 
     horovodrun -np 4 python switch_steps.py OUTDIR [--optimizers=sgd,adam] [--epochs=3] [--steps=4]

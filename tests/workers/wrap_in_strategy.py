@@ -1,7 +1,7 @@
 """A user's script that parses its own arguments with argparse (no absl.app), makes the
 strategy from the command line and wraps without naming a mode. Prints one JSON line per rank.
 
-    horovodrun -np 2 python wrap_in_strategy.py --sync_mode=hybrid --group_size=1 --epochs 3
+    horovodrun -np 2 python wrap_in_strategy.py --sync_mode=hybrid --sync_group_size=1 --epochs 3
 """
 import argparse
 import json

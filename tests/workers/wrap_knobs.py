@@ -17,7 +17,7 @@ def knobs(clip_norm):
 
 
 clipped = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async", config=knobs(0.5))
-plain = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async", config=knobs(0.0))
+plain = tfsyncmodes.wrap(keras.optimizers.SGD(1.0), "async", config=knobs("off"))
 grad = tf.constant([3.0, -4.0])
 out = {}
 for name, optimizer in (("clipped", clipped), ("plain", plain)):

@@ -12,7 +12,7 @@ index, so the concatenation of several ranks' Top-K payloads decompresses to the
 updates: that is how an allgather of sparse payloads is reduced.
 
 A new compressor: a subclass here (or in a module of its own) with
-``@COMPRESSORS.register("name")``; ``--compression=name`` then selects it. Its settings are its
+``@COMPRESSORS.register("name")``; ``--sync_compression=name`` then selects it. Its settings are its
 constructor's keyword arguments (as ``TopK(ratio=0.01)``), each with a default;
 :mod:`~tfsyncmodes.exchange.recipes` maps the knobs to them.
 """

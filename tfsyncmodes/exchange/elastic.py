@@ -1,4 +1,4 @@
-"""Elastic averaging across hybrid groups (``--cross_group=elastic``): EASGD, after Zhang,
+"""Elastic averaging across hybrid groups (``--sync_cross_group=elastic``): EASGD, after Zhang,
 Choromanska and LeCun, *Deep learning with Elastic Averaging SGD* (NeurIPS 2015,
 arXiv 1412.6651).
 
@@ -29,7 +29,7 @@ every group lands on it, as periodic's do on the anchor. For small alpha the two
 first order on how far the center moves; a group is pulled G times harder than in the paper,
 so it explores less for the same alpha (a smaller alpha gives more exploration).
 
-Without an alpha (``--elastic_alpha=0``, the default) the paper's recommendation alpha = beta / p
+Without an alpha (``--sync_elastic_alpha=0``, the default) the paper's recommendation alpha = beta / p
 with beta = 0.9 (p: the number of groups) is taken, so the center moves 0.9 of the way to the
 groups' mean each round; alpha must keep beta = G * alpha <= 1 (the paper's stability range for
 the center, 0 <= beta <= 1). The paper's momentum variant (EAMSGD) is local Nesterov momentum inside each

@@ -82,13 +82,13 @@ def layout_from_config(config, world_size: int, local_size: int) -> GroupLayout:
                               f"groups have different sizes ({', '.join(str(len(g)) for g in groups)})",
                               "give every group the same number of ranks")
         return GroupLayout(tuple(sorted(groups)))
-    size = config.group_size or local_size
+    size = local_size if config.group_size == "host" else config.group_size
     source, field = knob_field(config, "group_size")
-    if config.group_size == 0:
+    if config.group_size == "host":
         source, field = "horovodrun", "local_size (one group per host)"
     if world_size % size:
         raise ConfigError(source, field, f"{size} does not divide the world size {world_size}",
-                          f"use a divisor of {world_size}, or list groups with --groups")
+                          f"use a divisor of {world_size}, or list groups with --sync_groups")
     return GroupLayout(tuple(tuple(range(s, s + size)) for s in range(0, world_size, size)))
 
 

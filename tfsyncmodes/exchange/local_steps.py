@@ -1,4 +1,4 @@
-"""Speed-proportional local steps (``--local_steps=auto``): each group runs as many inner steps
+"""Speed-proportional local steps (``--sync_local_steps=auto``): each group runs as many inner steps
 per round as its speed allows.
 
 Dynamic local updates (DyLU) from Async Local-SGD (Liu et al., 2024, "Asynchronous Local-SGD

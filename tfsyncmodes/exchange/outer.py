@@ -1,5 +1,5 @@
 """Outer optimizers: how a model-averaging policy applies the groups' mean change since the last
-round (``--outer_optimizer``), as in DiLoCo (Douillard et al., 2023): the *pseudo-gradient*
+round (``--sync_outer_optimizer``), as in DiLoCo (Douillard et al., 2023): the *pseudo-gradient*
 ``anchor - averaged model`` goes to an ordinary optimizer step on the anchor.
 
 Contract: ``build(ctx, state)`` creates the optimizer's state (optimizer variables, so

@@ -1,5 +1,5 @@
 """Cross-group policies: how hybrid groups, each averaging densely inside, keep in step with
-each other (``--cross_group``).
+each other (``--sync_cross_group``).
 
 Contract: a :class:`CrossGroupPolicy` is an exchange :class:`~tfsyncmodes.exchange.base.Part`
 built from a :class:`~tfsyncmodes.exchange.link.CrossGroupLink` (memory, compressor,

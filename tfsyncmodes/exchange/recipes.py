@@ -5,7 +5,7 @@ wrapper (``tfsyncmodes.keras``) and the strategies ask here; neither repeats the
     exchange_for(config, groups)          # the chain an optimizer wrapped under `config` runs
 
 - ``sync``: nothing under a tf.distribute strategy (it reduces gradients itself) or a single
-  process; under Horovod one grouped allreduce per step, or with ``--compression`` the
+  process; under Horovod one grouped allreduce per step, or with ``--sync_compression`` the
   compressed exchange (:class:`~tfsyncmodes.exchange.compressed_allreduce.CompressedAllreduce`).
 - ``async``: the step's version record and the staleness remedies (:func:`async_exchange`).
 - ``hybrid``: the dense group mean, then the cross-group policy over a cross-group link
@@ -40,7 +40,7 @@ from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
 from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
 from tfsyncmodes.exchange.switchable import SwitchableExchange
 from tfsyncmodes.exchange.version import StepVersion, normalises_gradient_scale
-from tfsyncmodes.knobs import KNOBS
+from tfsyncmodes import knobs
 
 Recipe = Callable[..., Chain]
 RECIPES: Dict[str, Recipe] = {}
@@ -74,7 +74,7 @@ def mode_config(config, mode: str):
     """`config` as a run in `mode` alone would have it: ``mode`` set, and knobs left at their
     default take that mode's default."""
     values = {"mode": mode}
-    for knob in KNOBS:
+    for knob in knobs.KNOBS:
         if knob.key != "mode" and config.sources.get(knob.key, "default") == "default":
             values[knob.key] = knob.default_for(mode)
     return dataclasses.replace(config, **values)
@@ -160,18 +160,18 @@ def async_exchange(config, version: Optional[StepVersion] = None) -> Chain:
     lam, clip_norm, bound, decay = (config.delay_compensation, config.clip_norm, config.max_staleness,
                                     config.lr_decay)
     aware = discounts_late_updates(config)
-    scaling = [knob for knob, on in (("staleness_aware_lr", aware), ("lr_decay", decay > 0)) if on]
+    scaling = [knob for knob, on in (("staleness_aware_lr", aware), ("lr_decay", decay != "off")) if on]
     version = version if version is not None else StepVersion(check_optimizer=refuse_scaling(config, scaling))
     parts = [version]
-    if lam > 0:
+    if lam != "off":
         parts.append(DelayCompensation(lam))
-    if clip_norm > 0:
+    if clip_norm != "off":
         parts.append(ClipByGlobalNorm(clip_norm))
-    if bound >= 0:  # -1: off
+    if bound != "off":
         parts.append(StaleUpdateDrop(bound, version))
     if aware:
         parts.append(StalenessScaling(version))
-    if decay > 0:
+    if decay != "off":
         parts.append(InverseTimeDecay(decay, version))
     return Chain(*parts)
 
@@ -186,45 +186,46 @@ def _settings(cls, **settings) -> dict:
 
 
 def compressor(config) -> Compressor:
-    """``--compression``, with ``--topk_ratio`` as a compressor's ``ratio``."""
+    """``--sync_compression``, with ``--sync_topk_ratio`` as a compressor's ``ratio``."""
     cls = registry.COMPRESSORS.get(config.compression, config.sources.get("compression", "default"),
                                    "compression")
     return cls(**_settings(cls, ratio=config.topk_ratio))
 
 
 def memory(config, chosen: Compressor) -> Memory:
-    """``--error_feedback``: error feedback for a compressor that drops information."""
+    """``--sync_error_feedback``: error feedback for a compressor that drops information."""
     return default_memory(chosen) if config.error_feedback else NoMemory()
 
 
 def discounts_late_updates(config) -> bool:
-    """``--staleness_aware_lr``: late updates count 1 / (1 + steps late) (async and hybrid's
+    """``--sync_staleness_aware_lr``: late updates count 1 / (1 + steps late) (async and hybrid's
     stale exchange)."""
     return config.staleness_aware_lr
 
 
 def stale_bound(config) -> int:
-    """How many steps late a background policy's rounds may be applied (``--staleness``)."""
+    """How many steps late a background policy's rounds may be applied (``--sync_staleness``)."""
     return config.staleness
 
 
 def period(config) -> int:
-    """Updates per round of a round policy (``--staleness`` + 1)."""
-    return config.staleness + 1
+    """Updates per round of a round policy (``--sync_period``; with speed-proportional local
+    steps, the fastest group's)."""
+    return config.period
 
 
 def outer_optimizer(config):
-    """``--outer_optimizer`` with ``--outer_lr`` (0: the optimizer's own default) and
-    ``--outer_momentum``."""
+    """``--sync_outer_optimizer`` with ``--sync_outer_lr`` (0: the optimizer's own default) and
+    ``--sync_outer_momentum``."""
     cls = registry.OUTER_OPTIMIZERS.get(config.outer_optimizer, *knob_field(config, "outer_optimizer"))
-    lr = config.outer_lr
-    return cls(**_settings(cls, momentum=config.outer_momentum, **({"lr": lr} if lr else {})))
+    lr = config.outer_lr  # auto: the outer optimizer's own default
+    return cls(**_settings(cls, momentum=config.outer_momentum, **({"lr": lr} if lr != "auto" else {})))
 
 
 def elastic_alpha(config, num_groups: int) -> float:
-    """The elastic coefficient for `num_groups` groups: ``--elastic_alpha``, or beta / groups
+    """The elastic coefficient for `num_groups` groups: ``--sync_elastic_alpha``, or beta / groups
     with the paper's beta = 0.9 when it is 0. A ConfigError when groups * alpha > 1."""
-    alpha = config.elastic_alpha or None
+    alpha = None if config.elastic_alpha == "auto" else config.elastic_alpha
     try:
         return alpha_for(num_groups, alpha)
     except ValueError:
@@ -236,18 +237,15 @@ def elastic_alpha(config, num_groups: int) -> float:
 
 def cross_group_policy(policy, config, link, warmup_steps: int) -> CrossGroupPolicy:
     """The cross-group policy class `policy` over `link`, with the settings it declares:
-    ``period`` (``--local_steps=N`` for periodic averaging, else :func:`period`),
-    ``warmup_steps``, ``outer`` (:func:`outer_optimizer`) and ``alpha``
-    (:func:`elastic_alpha`). ``--local_steps=auto`` makes periodic averaging
+    ``period`` (:func:`period`), ``warmup_steps``, ``outer`` (:func:`outer_optimizer`) and
+    ``alpha`` (:func:`elastic_alpha`). ``--sync_local_steps=auto`` makes periodic averaging
     speed-proportional."""
-    local_steps = config.local_steps  # 0: the period; auto: speed-proportional
-    if policy is PeriodicAverage and local_steps == "auto":
+    if policy is PeriodicAverage and config.local_steps == "auto":
         policy = SpeedProportionalAverage
     declared = inspect.signature(policy).parameters
     settings = {}
     if "period" in declared:
-        fixed = isinstance(local_steps, int) and local_steps > 0 and issubclass(policy, PeriodicAverage)
-        settings["period"] = local_steps if fixed else period(config)
+        settings["period"] = period(config)
     if "warmup_steps" in declared:
         settings["warmup_steps"] = warmup_steps
     if "outer" in declared:

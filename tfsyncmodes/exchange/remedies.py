@@ -1,6 +1,6 @@
 """Two more remedies for async mode's stale updates, parts of async mode's chain.
 
-- :class:`StaleUpdateDrop` (``--max_staleness=S``): the bounded staleness of SSP, the Stale
+- :class:`StaleUpdateDrop` (``--sync_max_staleness=S``): the bounded staleness of SSP, the Stale
   Synchronous Parallel model (Ho et al., NIPS 2013, "More Effective Distributed ML via a Stale
   Synchronous Parallel Parameter Server"). SSP keeps a fast worker from running more than S
   clocks ahead of the slowest by making it wait; a parameter-server update that arrives staler
@@ -25,7 +25,7 @@
   the inner optimizer's update, which its distributed update paths do not support inside a
   worker's step.
 
-- :class:`DelayCompensation` (``--delay_compensation=LAMBDA``): DC-ASGD (Zheng et al., ICML
+- :class:`DelayCompensation` (``--sync_delay_compensation=LAMBDA``): DC-ASGD (Zheng et al., ICML
   2017, arXiv 1609.08326). A gradient ``g`` computed on the weights ``w_read`` but applied to
   ``w_now`` is corrected with the first-order Taylor term of the gradient, the Hessian
   approximated by ``lambda * g * g`` (the outer product of the gradient, diagonal only):

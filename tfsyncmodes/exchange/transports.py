@@ -89,7 +89,7 @@ class BackgroundExchange:
     their models stay equal. :attr:`applied` counts the rounds applied so far, and
     ``sent - applied`` is how many steps late the exchange runs.
 
-    With `discount` (``--staleness_aware_lr``, on by default) a round applied l steps after it
+    With `discount` (``--sync_staleness_aware_lr``, on by default) a round applied l steps after it
     was sent counts 1 / (1 + l), as in staleness-aware asynchronous SGD (Zhang et al., 2016).
     The warm-up keeps the first, largest and fastest-changing updates fresh, as Deep Gradient
     Compression's warm-up does.

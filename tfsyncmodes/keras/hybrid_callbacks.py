@@ -79,7 +79,7 @@ class DrainExchange(keras.callbacks.Callback):
     ``fit()`` applies them at its first step.
 
     Around the epochs it tells the cross-group policies each epoch's number of steps, ends an
-    epoch early where the groups agreed it ends (``--local_steps=auto``: the epoch ends at the
+    epoch early where the groups agreed it ends (``--sync_local_steps=auto``: the epoch ends at the
     round where the first group has run all its steps), and adds the policies' epoch logs
     (``local_steps_group<g>``: inner steps group g ran per round, ``local_steps_rounds``)."""
 

@@ -7,7 +7,7 @@ atomic ``assign_add`` on the parameter servers) only when the step's logs have t
 as ``model.get_metrics_result()``; otherwise it falls back to whichever step it fetched last,
 which under concurrent workers misses the updates that landed after it. The step's
 ``staleness`` is therefore kept in a variable too and reported by ``get_metrics_result``, and
-so is the epoch's count of updates dropped by ``--max_staleness`` (``dropped_updates``).
+so is the epoch's count of updates dropped by ``--sync_max_staleness`` (``dropped_updates``).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
     original_train_step = model.train_step
     original_metrics_result = model.get_metrics_result
     original_reset_metrics = model.reset_metrics
-    bounded = bool(optimizer.exchange.find(StaleUpdateDrop))  # --max_staleness is set
+    bounded = bool(optimizer.exchange.find(StaleUpdateDrop))  # --sync_max_staleness is set
     with strategy.scope():
         last_staleness = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfsync_last_staleness")
         # The epoch's dropped updates, added to atomically on the ps by every worker's step.

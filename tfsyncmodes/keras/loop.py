@@ -134,7 +134,7 @@ class CoordinatorRunner(StepRunner):
         self._optimizer = model.optimizer
         self._pending = []
         self._count_at_epoch_start = None
-        self._dropped = dropped_counter(self._optimizer)  # None unless --max_staleness is set
+        self._dropped = dropped_counter(self._optimizer)  # None unless --sync_max_staleness is set
         self._dropped_at_epoch_start = 0
 
     def step(self):

@@ -38,7 +38,7 @@ def make_strategy(mode: Optional[str] = None, *, backend: Optional[str] = None,
         if extra:
             raise ConfigError("make_strategy(config=...)", ", ".join(extra), "given beside a resolved config",
                               "put them in the config: tfsyncmodes.resolve({...})")
-    planned = switch_plan(config)  # a run that switches modes (--mode_schedule, a switch policy)
+    planned = switch_plan(config)  # a run that switches modes (--sync_mode_schedule, a switch policy)
     if planned is not None:
         plan, modes = planned
         return plan.make_strategy(config, modes, cluster_env.horovod_env(), cluster_env.tf_config())

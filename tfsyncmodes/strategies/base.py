@@ -136,7 +136,7 @@ class ModeStrategy:
 
     def required_callbacks(self) -> List:
         """Callbacks the mode needs on every process for correct training. Fault injection
-        (``--slow_worker``) is not among them: :meth:`callbacks` and :meth:`fit` add
+        (``--sync_slow_worker``) is not among them: :meth:`callbacks` and :meth:`fit` add
         :func:`tfsyncmodes.faults.callbacks_for` after them."""
         return self._correctness_callbacks()
 
@@ -173,7 +173,7 @@ class ModeStrategy:
 
     def phase_callback(self, model_dir: Optional[str] = None):
         """In a process ``python -m tfsyncmodes.launch`` started for one phase of a
-        ``--mode_schedule`` through async: the callback that runs the phase
+        ``--sync_mode_schedule`` through async: the callback that runs the phase
         (:class:`tfsyncmodes.switching.phases.run.PhaseRun`, asked of the switch plans); None
         otherwise. :meth:`callbacks` and :meth:`fit` add it, so a script runs a schedule
         through async unchanged."""

@@ -1,5 +1,5 @@
 """Hybrid over Horovod: ranks form groups (Horovod process sets) that average densely every
-step, while updates cross groups compressed and at most ``--staleness`` steps late.
+step, while the groups keep in step across them as ``--sync_cross_group`` says.
 
 Everything rank-related is Horovod's, as in sync mode, so this is :class:`HorovodStrategy`
 with the groups set up before Horovod starts (process sets are declared at ``hvd.init``),
@@ -58,7 +58,7 @@ class HybridStrategy(HorovodStrategy):
     def describe(self) -> str:
         return (super().describe() + f" groups={';'.join(','.join(map(str, g)) for g in self.layout.groups)}"
                 f" group={self.group_index} compression={self.config.compression}"
-                f" staleness={self.config.staleness} cross_group={self.config.cross_group}"
+                f" cross_group={self.config.cross_group} period={self.config.period} staleness={self.config.staleness}"
                 f" warmup_steps={self.config.warmup_steps}")
 
 

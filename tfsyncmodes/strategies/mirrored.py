@@ -92,4 +92,4 @@ def refuse_compression(config, backend: str) -> None:
         raise ConfigError(config.sources.get("compression", "default"), "compression",
                           f"{config.compression!r} is not available with the {backend} backend, whose "
                           "tf.distribute strategy reduces full-precision gradients itself",
-                          "run under horovodrun (--sync_backend=horovod), or use --compression=none")
+                          "run under horovodrun (--sync_backend=horovod), or use --sync_compression=none")

@@ -156,7 +156,7 @@ class AsyncStrategy(ModeStrategy):
             lambda: self._tf_strategy.distribute_datasets_from_function(dataset_fn, options))
 
     def required_callbacks(self) -> List:
-        """None on the chief: a ``--slow_worker`` is slowed in its own process (see serve)."""
+        """None on the chief: a ``--sync_slow_worker`` is slowed in its own process (see serve)."""
         return []
 
     def join(self) -> None:

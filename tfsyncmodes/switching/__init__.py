@@ -2,11 +2,11 @@
 
 - :mod:`~tfsyncmodes.switching.plans`, :mod:`~tfsyncmodes.switching.policy`: *switch plans*
   (registered in :data:`tfsyncmodes.registry.SWITCH_PLANS`): whether a run's configuration
-  switches, between which modes, and which callbacks decide when (``--mode_schedule``,
-  ``--switch_policy=straggler``). A plan in force makes the strategy
+  switches, between which modes, and which callbacks decide when (``--sync_mode_schedule``,
+  ``--sync_switch_policy=straggler``). A plan in force makes the strategy
   (:class:`~tfsyncmodes.switching.strategy.SwitchingStrategy`).
 - :mod:`~tfsyncmodes.switching.callback`: :class:`ModeSwitch`, the public switch at a step
-  boundary, and the ``--mode_schedule`` driver.
+  boundary, and the ``--sync_mode_schedule`` driver.
 - :mod:`~tfsyncmodes.switching.decision` (pure), :mod:`~tfsyncmodes.switching.candidates`,
   :mod:`~tfsyncmodes.switching.straggler`: the online straggler policy.
 - :mod:`~tfsyncmodes.switching.auto` (pure rule and probe) and
@@ -16,7 +16,7 @@
 Below this package, the optimizer wrapper knows only that its exchange can be swapped at a
 step boundary (:class:`~tfsyncmodes.exchange.switchable.SwitchableExchange`, built by
 :func:`tfsyncmodes.exchange.recipes.exchange_for` when a plan is in force); the grammar of
-``--mode_schedule`` is a knob's (:mod:`tfsyncmodes.schedule`).
+``--sync_mode_schedule`` is a knob's (:mod:`tfsyncmodes.schedule`).
 
 References: Sync-Switch (Li et al., ICDCS 2021, arXiv 2104.08364) switches a TensorFlow job
 between synchronisation protocols within a run, by offline schedules and online policies;

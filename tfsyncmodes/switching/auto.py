@@ -2,7 +2,7 @@
 
 The probe (every rank, under horovodrun), before the model exists: a few timed training steps of
 one dense layer of :data:`PROBE_BYTES` of weights (a million parameters) at
-:data:`PROBE_BATCH` examples per rank (a ``--slow_worker`` named for the start of the run is
+:data:`PROBE_BATCH` examples per rank (a ``--sync_slow_worker`` named for the start of the run is
 honoured, as in training), and the time of an allreduce of those weights' gradients across all
 ranks, from which the bandwidth follows. For a dense model the ratio of exchange to compute
 hardly depends on its size (both grow with the parameter count), so the probe stands for the
@@ -10,7 +10,7 @@ model to come at that batch size. The rule, :func:`choose`:
 
 1. one process: ``sync`` (nothing to exchange);
 2. the exchange takes at least half of a probe step (allreduce time / (step + allreduce time)
-   >= 0.5): ``hybrid`` (dense inside groups, compressed across them; one group per host, or
+   >= 0.5): ``hybrid`` (dense inside groups, averaged across them; one group per host, or
    two halves of the ranks on one host, unless groups are configured);
 3. the slowest rank's step time is at least ``switch_threshold`` times the median: ``hybrid``
    with the slow ranks in one group;

@@ -16,7 +16,7 @@ from tfsyncmodes.faults import slow_spec
 
 @MODES.register("auto")
 class AutoMode(Mode):
-    schedulable = False  # it picks a mode; a --mode_schedule names the modes themselves
+    schedulable = False  # it picks a mode; a --sync_mode_schedule names the modes themselves
 
     def make_strategy(self, config, horovod, tf_config):
         if horovod is None:
@@ -47,7 +47,7 @@ def _settings(config, choice, horovod) -> dict:
     if choice.groups:
         settings["groups"] = ";".join(",".join(map(str, g)) for g in choice.groups)
         sources["groups"] = "auto"
-    elif (choice.mode == "hybrid" and not config.groups and not config.group_size and horovod is not None
+    elif (choice.mode == "hybrid" and not config.groups and config.group_size == "host" and horovod is not None
           and horovod.local_size == horovod.size):  # one host: two halves, not one group
         settings["group_size"] = max(horovod.size // 2, 1)
         sources["group_size"] = "auto"

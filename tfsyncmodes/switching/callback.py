@@ -1,4 +1,4 @@
-"""The public switch between modes within a run, and the ``--mode_schedule`` driver.
+"""The public switch between modes within a run, and the ``--sync_mode_schedule`` driver.
 
 :class:`ModeSwitch` is a Keras callback whose :meth:`~ModeSwitch.switch_to` switches the
 model's wrapped optimizer to another mode of the run at a step boundary (between two train
@@ -64,7 +64,7 @@ class ModeSwitch(keras.callbacks.Callback):
         if not isinstance(exchange, SwitchableExchange):
             raise ConfigError("ModeSwitch", "model.optimizer",
                               "the model's optimizer was not wrapped by a strategy that switches modes",
-                              "make the strategy with --mode_schedule (or a switch policy) and compile "
+                              "make the strategy with --sync_mode_schedule (or a switch policy) and compile "
                               "with strategy.wrap(optimizer)")
         return exchange
 
@@ -169,7 +169,7 @@ class ModeSwitch(keras.callbacks.Callback):
 
 
 class ScheduleSwitch(ModeSwitch):
-    """``--mode_schedule``: the phases (:func:`tfsyncmodes.schedule.phases`) over the run's
+    """``--sync_mode_schedule``: the phases (:func:`tfsyncmodes.schedule.phases`) over the run's
     ``epochs * steps_per_epoch`` steps; switches at each phase's first step. A resumed run
     re-enters the phase its step count falls in."""
 

@@ -20,7 +20,7 @@ MAX_SETS = 64
 
 def default_group_size(config, world_size: int) -> int:
     """The configured group size when it divides the world into 2 groups or more, else half."""
-    size = config.group_size
+    size = 0 if config.group_size == "host" else config.group_size
     if size and world_size % size == 0 and size < world_size:
         return size
     return max(world_size // 2, 1)
@@ -30,14 +30,14 @@ def candidate_sets(world_size: int, group_size: int) -> List[Tuple[int, ...]]:
     """Every rank tuple a grouping of `world_size` ranks into groups of `group_size` can need."""
     if world_size % group_size:
         raise ConfigError("horovodrun", "-np", f"{group_size} does not divide the world size {world_size}",
-                          "use a world size the group size divides, or set --group_size")
+                          "use a world size the group size divides, or set --sync_group_size")
     sizes = sorted({group_size, world_size // group_size})
     out = [c for size in sizes if 1 < size < world_size
            for c in itertools.combinations(range(world_size), size)]
     if len(out) > MAX_SETS:
         raise ConfigError("horovodrun", "-np", f"{world_size} ranks in groups of {group_size} need "
                           f"{len(out)} process sets for the straggler policy (at most {MAX_SETS})",
-                          "use at most 8 ranks, or set --group_size so that fewer sets are needed")
+                          "use at most 8 ranks, or set --sync_group_size so that fewer sets are needed")
     return out
 
 

@@ -52,7 +52,7 @@ class SwitchPlan:
 
 @SWITCH_PLANS.register("schedule")
 class SchedulePlan(SwitchPlan):
-    """``--mode_schedule``: the phases of the schedule, switched at their first steps."""
+    """``--sync_mode_schedule``: the phases of the schedule, switched at their first steps."""
 
     knob = "mode_schedule"
 

@@ -1,4 +1,4 @@
-"""``--switch_policy=straggler`` as a switch plan: in force when the knob says so; starts in
+"""``--sync_switch_policy=straggler`` as a switch plan: in force when the knob says so; starts in
 sync and may switch to hybrid and back; registers every process set a grouping may need before
 Horovod starts; its callback (:class:`~tfsyncmodes.switching.straggler.StragglerSwitch`)
 decides when."""
@@ -13,7 +13,7 @@ from tfsyncmodes.switching.straggler import StragglerSwitch
 
 @SWITCH_PLANS.register("straggler")
 class StragglerPlan(SwitchPlan):
-    """``--switch_policy=straggler``: starts in sync, may switch to hybrid and back."""
+    """``--sync_switch_policy=straggler``: starts in sync, may switch to hybrid and back."""
 
     def modes(self, config):
         if config.switch_policy != "straggler":
@@ -21,7 +21,7 @@ class StragglerPlan(SwitchPlan):
         if config.mode != "sync":
             raise ConfigError(config.sources.get("switch_policy", "default"), "switch_policy",
                               f"the straggler policy starts in sync, not in {config.mode}",
-                              "use --sync_mode=sync with --switch_policy=straggler")
+                              "use --sync_mode=sync with --sync_switch_policy=straggler")
         return ("sync", "hybrid")
 
     def prepare_horovod(self, config, horovod_env) -> None:

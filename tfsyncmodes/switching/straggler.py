@@ -1,5 +1,5 @@
-"""``--switch_policy=straggler``: the Keras callback that measures every rank's step time,
-exchanges it every ``--switch_interval`` steps, and switches sync <-> hybrid.
+"""``--sync_switch_policy=straggler``: the Keras callback that measures every rank's step time,
+exchanges it every ``--sync_switch_interval`` steps, and switches sync <-> hybrid.
 
 Each rank times its steps on the host: the wall time from one step's start to the next
 (`cycle`, which includes whatever the rank does between steps) and the time inside the train
@@ -19,7 +19,7 @@ has (the same config builds the same state, in the same order).
 
 Limit: a rank slowed *inside* the train function (slow kernels) makes its peers wait for just
 as long inside theirs, so host timing cannot tell it from them; such a straggler is seen only
-once the ranks no longer wait for each other. ``--slow_worker`` delays a rank between steps.
+once the ranks no longer wait for each other. ``--sync_slow_worker`` delays a rank between steps.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The strategy of a run that switches between sync and hybrid in-process under horovodrun
-(``--mode_schedule``, or another switch plan; see :mod:`tfsyncmodes.switching`).
+(``--sync_mode_schedule``, or another switch plan; see :mod:`tfsyncmodes.switching`).
 
 Everything rank-related is Horovod's, as in sync and hybrid mode: this is
 :class:`HorovodStrategy` with the hybrid groups' process sets declared at ``hvd.init`` (as

@@ -1,4 +1,4 @@
-"""Running a ``--mode_schedule`` that passes through async: one process layout per phase.
+"""Running a ``--sync_mode_schedule`` that passes through async: one process layout per phase.
 
 Async mode runs on a ``ParameterServerStrategy`` cluster (chief, workers, ps) and sync and
 hybrid under ``horovodrun``, so a schedule such as ``sync:1e,async:1e,sync`` cannot switch in

@@ -1,7 +1,7 @@
 """The launcher's side of a mode schedule through async: one process layout per phase.
 
 ``python -m tfsyncmodes.launch --np 2 --workers 2 --ps 1 -- python scripts/train.py
---mode_schedule=sync:1e,async:1e,sync --epochs=3`` runs phase 0 (sync: ``horovodrun -np 2``
+--sync_mode_schedule=sync:1e,async:1e,sync --epochs=3`` runs phase 0 (sync: ``horovodrun -np 2``
 over Gloo on the loopback interface), then phase 1 (async: a local chief/worker/ps cluster),
 then phase 2 (sync again), each with ``TFSYNC_MODE`` (the phase's mode), ``TFSYNC_PHASE`` (its
 index) and ``TFSYNC_PHASE_DIR`` (the checkpoints) in its environment. A phase that exits 0
@@ -36,10 +36,10 @@ class BadInput(ValueError):
 
 
 def schedule_text(command: Sequence[str], environ=None) -> str:
-    """The ``--mode_schedule`` the command gives (else ``TFSYNC_MODE_SCHEDULE``), or ''."""
+    """The ``--sync_mode_schedule`` the command gives (else ``TFSYNC_MODE_SCHEDULE``), or ''."""
     environ = os.environ if environ is None else environ
     for position, word in enumerate(command):
-        for flag in ("--mode_schedule", "-mode_schedule"):
+        for flag in ("--sync_mode_schedule", "-sync_mode_schedule"):
             if word.startswith(flag + "="):
                 return word.split("=", 1)[1]
             if word == flag and position + 1 < len(command):
@@ -61,10 +61,10 @@ def check(args) -> None:
     text = schedule_text(args.command)
     modes = schedule_modes(text)
     if args.ps < 1:
-        raise BadInput(f"--ps: {args.ps}, but --mode_schedule {text!r} has an async phase, which needs a "
+        raise BadInput(f"--ps: {args.ps}, but --sync_mode_schedule {text!r} has an async phase, which needs a "
                        "parameter server; use --ps 1 or more")
     if any(w == "--sync_mode" or w.startswith(("--sync_mode=", "-sync_mode=")) for w in args.command):
-        raise BadInput(f"command: --sync_mode with --mode_schedule {text!r}; drop --sync_mode, the "
+        raise BadInput(f"command: --sync_mode with --sync_mode_schedule {text!r}; drop --sync_mode, the "
                        "launcher sets each phase's mode")
     if args.np is not None and args.np < 1:
         raise BadInput(f"--np: {args.np} is too few; use 1 or more")

@@ -27,7 +27,7 @@ ENV_DIR = "TFSYNC_PHASE_DIR"
 PLAN_FILE = "phases.json"
 HISTORY_FILE = "history.json"
 LAUNCH_HINT = ("run it with python -m tfsyncmodes.launch --np N --workers N --ps 1 -- "
-               "python scripts/train.py --mode_schedule=...")
+               "python scripts/train.py --sync_mode_schedule=...")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +133,8 @@ def context(config, epochs: int, steps_per_epoch: int,
     if raw is None:
         return None
     if not text:
-        raise ConfigError(ENV_PHASE, "value", f"{raw!r} is set but no --mode_schedule is given",
-                          "unset it, or give --mode_schedule")
+        raise ConfigError(ENV_PHASE, "value", f"{raw!r} is set but no --sync_mode_schedule is given",
+                          "unset it, or give --sync_mode_schedule")
     try:
         index = int(raw)
         if index < 0:
@@ -158,5 +158,5 @@ def context(config, epochs: int, steps_per_epoch: int,
     if config.mode != found.phase.mode:
         raise ConfigError(config.sources.get("mode", "default"), "mode",
                           f"{config.mode!r} but phase {index} of {text!r} is {found.phase.mode!r}",
-                          "give no --sync_mode with --mode_schedule; the launcher sets each phase's mode")
+                          "give no --sync_mode with --sync_mode_schedule; the launcher sets each phase's mode")
     return found

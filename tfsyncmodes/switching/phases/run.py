@@ -1,7 +1,7 @@
 """One phase of a launched mode schedule, inside any training script: :class:`PhaseRun`.
 
 A Keras callback that ``strategy.callbacks(model_dir)`` (and ``strategy.fit``) add by
-themselves in a process the launcher started for a phase of a ``--mode_schedule`` through
+themselves in a process the launcher started for a phase of a ``--sync_mode_schedule`` through
 async, so a user's own script runs such a schedule unchanged:
 
 - before training, every process restores the previous phase's checkpoint (the chief alone in
