@@ -101,3 +101,13 @@ def test_the_import_contract_passes():
 
 def test_package_modules_are_imported_inside_functions_only_for_optional_dependencies():
     assert _in_function_imports() <= IN_FUNCTION_ALLOWED
+
+
+def test_every_top_level_module_has_its_floor_in_the_contract():
+    """A module left out of the layers would escape the contract."""
+    text = open(os.path.join(ROOT, ".importlinter"), encoding="utf-8").read()
+    named = set(text.replace("|", " ").replace(":", " ").split())
+    top = {name[:-3] if name.endswith(".py") else name for name in os.listdir(PACKAGE)
+           if (name.endswith(".py") and name != "__init__.py")
+           or os.path.isfile(os.path.join(PACKAGE, name, "__init__.py"))}
+    assert {f"tfsyncmodes.{t}" for t in top} - named == set()

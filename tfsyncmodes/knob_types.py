@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from tfsyncmodes.errors import one_of
+from tfsyncmodes import schedule as schedule_lib
 
 
 class Parser:
@@ -172,7 +173,6 @@ def slow_worker(value: Any) -> str:
 
 
 def schedule(value: Any) -> str:
-    from tfsyncmodes import schedule as schedule_lib  # registry-only import, no TensorFlow
 
     return schedule_lib.parse(value)
 

@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any, Mapping, Tuple
 
 from tfsyncmodes import registry
+from tfsyncmodes import schedule as schedule_lib
 from tfsyncmodes.knob_types import (ALWAYS, Boolean, Choice, Number, Parser, Text, When, given, modes,
                                     rank_groups, schedule, slow_worker)
 
@@ -181,7 +182,6 @@ def run_modes(values: Mapping[str, Any]) -> Tuple[str, ...]:
     """The modes a run of these resolved values trains in: a schedule's, auto's candidates,
     sync and hybrid under the straggler policy, else the one mode."""
     if values.get("mode_schedule"):
-        from tfsyncmodes import schedule as schedule_lib
 
         return schedule_lib.modes(values["mode_schedule"])
     if values["mode"] == "auto":
