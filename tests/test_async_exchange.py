@@ -45,17 +45,19 @@ def test_remedies_off_is_the_identity():
 
 
 @pytest.mark.parametrize("optimizer", ["Adam", "RMSprop"])
-def test_wrap_refuses_gradient_scaling_with_adaptive_optimizers(optimizer):
+def test_adaptive_optimizers_are_wrapped_with_the_staleness_remedies_on_their_update(optimizer):
+    """One flag is enough: Adam and its kin train in async with the staleness-aware rate on (it
+    scales their update; tests/test_update_scaling.py checks the steps against NumPy)."""
     import keras
 
     import tfsyncmodes
+    from tfsyncmodes.exchange.staleness import StalenessScaling
 
-    scaled, unscaled = resolved(mode="async", staleness_aware_lr=True), resolved(mode="async", staleness_aware_lr=False)
-    with pytest.raises(ConfigError) as raised:
-        tfsyncmodes.wrap(getattr(keras.optimizers, optimizer)(0.01), config=scaled)
-    assert "staleness_aware_lr" in str(raised.value) and "SGD" in str(raised.value)
-    assert tfsyncmodes.wrap(getattr(keras.optimizers, optimizer)(0.01), config=unscaled).mode == "async"
-    assert tfsyncmodes.wrap(keras.optimizers.SGD(0.01, momentum=0.9), config=scaled).mode == "async"
+    scaled = resolved(mode="async", staleness_aware_lr=True)
+    wrapped = tfsyncmodes.wrap(getattr(keras.optimizers, optimizer)(0.01), config=scaled)
+    assert wrapped.mode == "async" and all(p.scales_update for p in wrapped.exchange.find(StalenessScaling))
+    sgd = tfsyncmodes.wrap(keras.optimizers.SGD(0.01, momentum=0.9), config=scaled)
+    assert not any(p.scales_update for p in sgd.exchange.find(StalenessScaling))
 
 
 @pytest.mark.parametrize("legacy, wrapper", [(False, "SyncOptimizer"), (True, "SyncSGD")],

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tests.conftest import PYTHON, REPO, clean_env
-from tfsyncmodes.testing import localrun
+from tfsync_testbed import localrun
 
 ABSL = """
 import json, sys

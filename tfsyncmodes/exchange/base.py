@@ -52,6 +52,11 @@ class Part:
     def before_update(self, variables: Sequence) -> None:
         del variables
 
+    def update_scale(self) -> Optional[tf.Tensor]:
+        """A factor for this step's update (the inner optimizer's learning rate for the step),
+        after :meth:`transform`; None: the update as the optimizer makes it."""
+        return None
+
     def after_update(self, variables: Sequence) -> None:
         del variables
 
@@ -96,6 +101,15 @@ class Chain(Part):
     def before_update(self, variables):
         for part in self.members:
             part.before_update(variables)
+
+    def update_scale(self):
+        scales = [s for s in (part.update_scale() for part in self.members) if s is not None]
+        if not scales:
+            return None
+        product = scales[0]
+        for scale in scales[1:]:
+            product = product * scale
+        return product
 
     def after_update(self, variables):
         for part in self.members:

@@ -39,7 +39,7 @@ from tfsyncmodes.exchange.policies import CrossGroupPolicy, PeriodicAverage
 from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
 from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
 from tfsyncmodes.exchange.switchable import SwitchableExchange
-from tfsyncmodes.exchange.version import StepVersion, normalises_gradient_scale
+from tfsyncmodes.exchange.version import StepVersion
 from tfsyncmodes import knobs
 
 Recipe = Callable[..., Chain]
@@ -160,8 +160,7 @@ def async_exchange(config, version: Optional[StepVersion] = None) -> Chain:
     lam, clip_norm, bound, decay = (config.delay_compensation, config.clip_norm, config.max_staleness,
                                     config.lr_decay)
     aware = discounts_late_updates(config)
-    scaling = [knob for knob, on in (("staleness_aware_lr", aware), ("lr_decay", decay != "off")) if on]
-    version = version if version is not None else StepVersion(check_optimizer=refuse_scaling(config, scaling))
+    version = version if version is not None else StepVersion()
     parts = [version]
     if lam != "off":
         parts.append(DelayCompensation(lam))
@@ -253,19 +252,3 @@ def cross_group_policy(policy, config, link, warmup_steps: int) -> CrossGroupPol
     if "alpha" in declared:
         settings["alpha"] = elastic_alpha(config, link.num_groups)
     return policy(link, **settings)
-
-
-def refuse_scaling(config, scaling: Sequence[str]) -> Optional[Callable[[object], None]]:
-    """A check for the version record: gradient scaling (the knobs `scaling` turned on) with
-    an optimizer that normalises it away is refused, naming the first knob and its source."""
-    if not scaling:
-        return None
-    knob = scaling[0]
-
-    def check(optimizer) -> None:
-        if normalises_gradient_scale(optimizer):
-            raise ConfigError(config.sources.get(knob, "default"), knob,
-                              f"scales each update's gradient, which {type(optimizer).__name__} normalises away",
-                              "use keras.optimizers.SGD (with momentum if wanted) in async mode, "
-                              f"or turn {knob} off")
-    return check

@@ -14,9 +14,12 @@ computed on old variables:
 - :mod:`~tfsyncmodes.exchange.remedies` has the SSP drop (``max_staleness``) and DC-ASGD's
   delay compensation.
 
-The two scalings act on the gradient, which is the same as scaling the learning rate for SGD
-with or without momentum, the optimizers async training uses; adaptive optimizers (Adam and
-its kin) normalise such a scale away, so the scalings refuse them when attached. The recipe
+With SGD (with or without momentum) the two scalings act on the gradient, which is the same as
+scaling the step's learning rate. Adaptive optimizers (Adam and its kin) normalise a gradient's
+scale away, so with them the scalings scale the *update* instead: the step's learning rate
+(:meth:`~tfsyncmodes.exchange.base.Part.update_scale`, applied by the optimizer wrapper for that
+step only; the moments see the raw gradient). That is the staleness-aware learning rate of
+Zhang et al. (IJCAI 2016) for any optimizer. The recipe
 (:func:`tfsyncmodes.exchange.recipes.async_exchange`) puts them in order.
 """
 from __future__ import annotations
@@ -47,14 +50,23 @@ def _scale(grads, factor):
 
 
 class GradientScaling(Part):
-    """Base of the parts that scale the gradient: they refuse, at attach, an inner optimizer
-    that normalises the scale away."""
+    """Base of the parts that scale a step by :meth:`factor`: the gradient for an optimizer
+    whose update is linear in it (SGD), the update (the step's learning rate) for one that
+    normalises the gradient's scale away (Adam and its kin), decided when attached."""
+
+    scales_update = False
 
     def attach(self, inner_optimizer):
-        if normalises_gradient_scale(inner_optimizer):
-            name = type(inner_optimizer).__name__
-            raise ValueError(f"{type(self).__name__} scales each update's gradient, which {name} "
-                             "normalises away: use keras.optimizers.SGD (with momentum if wanted)")
+        self.scales_update = normalises_gradient_scale(inner_optimizer)
+
+    def factor(self) -> tf.Tensor:
+        raise NotImplementedError
+
+    def transform(self, grads, variables):
+        return grads if self.scales_update else _scale(grads, self.factor())
+
+    def update_scale(self):
+        return self.factor() if self.scales_update else None
 
 
 class StalenessScaling(GradientScaling):
@@ -63,8 +75,8 @@ class StalenessScaling(GradientScaling):
     def __init__(self, version: StepVersion):
         self.version = version
 
-    def transform(self, grads, variables):
-        return _scale(grads, 1.0 / (1.0 + tf.cast(self.version.staleness, tf.float32)))
+    def factor(self):
+        return 1.0 / (1.0 + tf.cast(self.version.staleness, tf.float32))
 
 
 class InverseTimeDecay(GradientScaling):
@@ -74,6 +86,5 @@ class InverseTimeDecay(GradientScaling):
         self.decay = decay
         self.version = version
 
-    def transform(self, grads, variables):
-        step = tf.cast(self.version.current, tf.float32)
-        return _scale(grads, 1.0 / (1.0 + self.decay * step))
+    def factor(self):
+        return 1.0 / (1.0 + self.decay * tf.cast(self.version.current, tf.float32))

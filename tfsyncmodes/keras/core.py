@@ -13,6 +13,7 @@ in force comes from :mod:`tfsyncmodes.context`; this module imports no strategy.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
@@ -22,6 +23,7 @@ from tfsyncmodes import config as config_lib
 from tfsyncmodes import context
 from tfsyncmodes.exchange.base import Chain, StateFactory
 from tfsyncmodes.exchange.recipes import exchange_for
+from tfsyncmodes.keras import compat
 
 
 # The saved knobs' entry listing the knobs left at their default (not a knob itself).
@@ -71,6 +73,7 @@ class SyncCore:
         return self.config.mode
 
     def attach(self, inner_optimizer) -> None:
+        self.inner_optimizer = inner_optimizer
         self.exchange.attach(inner_optimizer)
 
     def build(self, variables: Sequence, state: StateFactory) -> None:
@@ -84,7 +87,12 @@ class SyncCore:
     def apply(self, grads, variables, inner_apply: Callable[[list], Any]):
         grads = self.exchange.transform(list(grads), variables)
         self.exchange.before_update(variables)
-        result = inner_apply(grads)
+        scale = self.exchange.update_scale()  # e.g. staleness with an adaptive optimizer
+        if scale is None:
+            result = inner_apply(grads)
+        else:
+            with scaled_learning_rate(self.inner_optimizer, scale):
+                result = inner_apply(grads)
         self.exchange.after_update(variables)
         return result
 
@@ -131,6 +139,25 @@ class SyncCoreAccess:
 
     def finish_exchange(self) -> None:
         self._sync_core.finish()
+
+
+@contextlib.contextmanager
+def scaled_learning_rate(optimizer, scale: tf.Tensor):
+    """While the inner optimizer's update is traced: its learning rate for this step times
+    `scale` (a schedule's value at this step, or the rate's variable, read once), so that the
+    update, not the gradient, is scaled; the optimizer's own rate is untouched."""
+    original = optimizer._learning_rate
+    if compat.LEGACY:  # tf_keras reads `learning_rate`, which returns `_learning_rate` as it is
+        schedule = isinstance(original, compat.keras.optimizers.schedules.LearningRateSchedule)
+        current = original(optimizer.iterations) if schedule else original
+    else:  # Keras 3 reads `_get_current_learning_rate()`, which calls a callable
+        current = optimizer._get_current_learning_rate()
+    scaled = tf.cast(tf.convert_to_tensor(current), tf.float32) * tf.cast(scale, tf.float32)
+    optimizer._learning_rate = scaled if compat.LEGACY else (lambda: scaled)
+    try:
+        yield
+    finally:
+        optimizer._learning_rate = original
 
 
 def state_factory(add_variable: Callable[..., Any]) -> StateFactory:
