@@ -218,7 +218,8 @@ def main(argv):
     with strategy.scope():
         model = build_model(x_train.shape[1])
         if strategy.mode == "async" or phase is not None:  # one optimizer through every phase
-            # Stale-gradient remedies (staleness-aware rate, decay) need a plain SGD step.
+            # SGD with momentum, as the async figures were measured (Adam works too: the
+            # staleness remedies then scale its update rather than its gradient).
             optimizer = keras.optimizers.SGD(FLAGS.learning_rate or 0.02, momentum=FLAGS.momentum)
         else:
             optimizer = keras.optimizers.Adam(FLAGS.learning_rate or 0.01)
