@@ -1,0 +1,82 @@
+"""The documentation: the README's links, flags and Python code, the generated knob reference,
+and the MkDocs site, which builds with ``--strict`` (every page in the nav, every link and
+anchor resolved, the API reference generated from the docstrings)."""
+import os
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import PYTHON, REPO, clean_env
+from tfsyncmodes import config_files, knobs
+
+README = os.path.join(REPO, "README.md")
+KNOB_PAGE = os.path.join(REPO, "docs", "configuration", "knobs.md")
+
+
+def _readme() -> str:
+    with open(README, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _slug(heading: str) -> str:
+    """The anchor MkDocs (Python-Markdown's toc) gives a heading."""
+    text = re.sub(r"[`*]", "", heading).strip().lower()
+    text = re.sub(r"[^\w\s-]", "", text)
+    return re.sub(r"[-\s]+", "-", text).strip("-")
+
+
+def test_knob_reference_is_the_knob_table():
+    """docs/configuration/knobs.md is what config_files.render_reference() renders from KNOBS
+    (regenerate with python -m tfsyncmodes.config_files configs docs/configuration/knobs.md)."""
+    with open(KNOB_PAGE, encoding="utf-8") as handle:
+        assert handle.read() == config_files.render_reference(), f"{KNOB_PAGE} drifted from the knob table"
+    page = config_files.render_reference()
+    for knob in knobs.KNOBS:
+        assert f"## `{knob.key}`" in page and f"`--{knob.flag}`" in page and f"`{knob.env}`" in page
+
+
+def test_readme_links_to_pages_that_exist():
+    links = re.findall(r"\]\(([^)\s]+)\)", _readme())
+    local = [link for link in links if not re.match(r"[a-z]+://", link)]
+    assert any(link.startswith("docs/") for link in local)
+    for link in local:
+        path, _, anchor = link.partition("#")
+        full = os.path.join(REPO, path)
+        assert os.path.isfile(full), f"README links to {path}, which does not exist"
+        if anchor:
+            with open(full, encoding="utf-8") as handle:
+                slugs = {_slug(h) for h in re.findall(r"^#+\s+(.*)$", handle.read(), re.M)}
+            assert anchor in slugs, f"README links to {link}: no such heading in {path}"
+
+
+def test_readme_sync_flags_are_knob_flags():
+    named = set(re.findall(r"--(sync_\w+)", _readme()))
+    real = {knob.flag for knob in knobs.KNOBS} | {"sync_config"}
+    assert named, "the README names no --sync_ flag"
+    assert named <= real, f"the README names flags that are not knobs: {sorted(named - real)}"
+
+
+def test_readme_python_code_runs(tmp_path):
+    """Every ```python block of the README, as written, trains (one process: MirroredStrategy)."""
+    blocks = re.findall(r"```python\n(.*?)```", _readme(), re.S)
+    assert blocks, "the README has no Python code"
+    for number, block in enumerate(blocks):
+        script = tmp_path / f"readme_{number}.py"
+        script.write_text(block)
+        result = subprocess.run([PYTHON, str(script)], cwd=tmp_path, env=clean_env(TF_CPP_MIN_LOG_LEVEL="2"),
+                                capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, f"README block {number} failed:\n{result.stderr[-3000:]}"
+
+
+def test_mkdocs_site_builds_strict(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    pytest.importorskip("mkdocstrings")
+    env = clean_env(NO_MKDOCS_2_WARNING="1")
+    result = subprocess.run([PYTHON, "-m", "mkdocs", "build", "--strict", "-f", os.path.join(REPO, "mkdocs.yml"),
+                             "-d", str(tmp_path / "site")], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (tmp_path / "site" / "configuration" / "knobs" / "index.html").is_file()
+    assert "make_strategy" in (tmp_path / "site" / "api" / "index.html").read_text()
