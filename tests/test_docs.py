@@ -80,3 +80,29 @@ def test_mkdocs_site_builds_strict(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "site" / "configuration" / "knobs" / "index.html").is_file()
     assert "make_strategy" in (tmp_path / "site" / "api" / "index.html").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mode", ["sync", "hybrid", "async"])
+def test_the_readme_snippet_unchanged_trains_in_every_mode(tmp_path, mode):
+    """One flag is enough: the README's script, as written (it compiles Adam), under horovodrun
+    (sync, hybrid) and under the launcher (async: chief, 2 workers, 1 ps)."""
+    from tfsync_testbed import localrun
+
+    block = re.findall(r"```python\n(.*?)```", _readme(), re.S)[0]
+    script = tmp_path / "user_script.py"
+    script.write_text(block)
+    flag = f"--sync_mode={mode}"
+    if mode == "async":
+        command = [PYTHON, "-m", "tfsyncmodes.launch", "--workers", "2", "--ps", "1", "--timeout", "600", "--",
+                   PYTHON, str(script), flag]
+    else:
+        command = localrun.horovodrun_command(2, [PYTHON, str(script), flag] + (
+            ["--sync_group_size=1"] if mode == "hybrid" else []))
+    result = localrun.run(command, timeout=700, env=clean_env(), cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    # The chief wrote its checkpoint and TensorBoard log under the script's model_dir.
+    assert (tmp_path / "runs" / "mine" / "checkpoint.weights.h5").is_file()
+    assert (tmp_path / "runs" / "mine" / "logs").is_dir()
