@@ -33,8 +33,10 @@ inner steps are optimizer state (``state`` factory); the step-time measurements 
 record of the last rounds (:attr:`round_log`, for logs and tests) belong to this process.
 
 The round itself is periodic averaging's (:class:`~tfsyncmodes.exchange.policies.RoundPolicy`
-runs both): this policy decides when a round is due (:meth:`SpeedProportionalAverage.due`) and
-how the groups' changes are weighed (:meth:`SpeedProportionalAverage.mean_change`).
+runs both): this policy decides when a round is due (:meth:`SpeedProportionalAverage.due`,
+which also measures the step), how the groups' changes are weighed
+(:meth:`SpeedProportionalAverage.mean_change`), and marks where a step ends
+(:meth:`SpeedProportionalAverage.updated`).
 """
 from __future__ import annotations
 
@@ -106,9 +108,7 @@ class SpeedProportionalAverage(PeriodicAverage):
         last = self._last_end.read_value()
         old = self._step_time.read_value()
         newest = tf.where(old > 0, (1.0 - NEWEST) * old + NEWEST * (now - last), now - last)
-        measured = self._step_time.assign(tf.where(last > 0, newest, old))
-        with tf.control_dependencies([measured]):
-            self._last_end.assign(now)  # the round, if one is due, moves it past its wait
+        self._step_time.assign(tf.where(last > 0, newest, old))
         since = self.since.assign_add(1)
         self._epoch_step.assign_add(1)
         return since >= self._planned()
@@ -149,9 +149,14 @@ class SpeedProportionalAverage(PeriodicAverage):
         planned = tf.group(
             self.totals.assign_add(steps), self.round_log[(count - 1) % ROUND_LOG].assign(steps),
             self.plan.assign(plan), self.since.assign(0), self._epoch_over.assign(over))
-        with tf.control_dependencies([planned, mean_change]):
-            self._last_end.assign(tf.timestamp())  # the wait at the round is no step's time
+        with tf.control_dependencies([planned]):
             return tf.identity(mean_change)
+
+    def updated(self, rounded):
+        """The step's end, once the update and the round (if any) are done: the next step's
+        time is measured from here, so the wait at the round is no step's."""
+        with tf.control_dependencies([rounded]):
+            self._last_end.assign(tf.timestamp())
 
     # --- around the epochs (the DrainExchange callback) --------------------------------------
 

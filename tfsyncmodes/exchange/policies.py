@@ -105,6 +105,7 @@ class RoundPolicy(CrossGroupPolicy):
     """Base of the policies that act in rounds after the inner update: after every update
     :meth:`due` says whether a round is due (every `period`-th update; every update during the
     first `warmup_steps` in any case); if so :meth:`round` runs, otherwise the link idles. A
+    :meth:`updated` follows either way. A
     round policy keeps a reference copy of the model (periodic's anchor, elastic's center),
     set to the model before the first update (after the initial broadcast), and an update
     counter, both optimizer state named by the subclass.
@@ -153,12 +154,17 @@ class RoundPolicy(CrossGroupPolicy):
             self.link.idle()
             return tf.constant(False)
 
-        tf.cond(due, run, skip)
+        self.updated(tf.cond(due, run, skip))
 
     def due(self, step: tf.Tensor) -> tf.Tensor:
         """Whether a round is due after update number `step` (from 1), the warm-up aside: every
         `period`-th update. In the graph, once per update."""
         return step % self.period == 0
+
+    def updated(self, rounded: tf.Tensor) -> None:
+        """After every update, once its round (if one was due) is done; `rounded` says whether
+        one was. In the graph; nothing by default."""
+        del rounded
 
     def round(self, variables) -> None:
         """One round across groups (in the graph, on every rank at the same update)."""
