@@ -31,7 +31,11 @@ def test_a_schedule_is_a_switch_plan_with_one_config_per_mode(monkeypatch):
     # Knobs left at their default take each mode's default; knobs given stay as given. (No
     # shipped knob's default differs by mode now: one that did is declared here.)
     staleness = dataclasses.replace(knobs.KNOBS_BY_KEY["staleness"], default=2, mode_defaults=(("hybrid", 7),))
-    monkeypatch.setattr(knobs, "KNOBS", tuple(staleness if k.key == "staleness" else k for k in knobs.KNOBS))
+    from tfsyncmodes import config as config_lib
+
+    patched = tuple(staleness if k.key == "staleness" else k for k in knobs.KNOBS)
+    monkeypatch.setattr(knobs, "KNOBS", patched)
+    monkeypatch.setattr(config_lib, "KNOBS", patched)
     hybrid, sync = recipes.mode_config(config, "hybrid"), recipes.mode_config(config, "sync")
     assert (hybrid.mode, hybrid.staleness, hybrid.topk_ratio) == ("hybrid", staleness.default_for("hybrid"), 0.5)
     assert (sync.mode, sync.staleness, sync.topk_ratio) == ("sync", staleness.default, 0.5)

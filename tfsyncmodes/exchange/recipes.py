@@ -20,7 +20,6 @@ knob-made settings its constructor declares (e.g. ``ratio`` for a compressor, ``
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -40,7 +39,7 @@ from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
 from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
 from tfsyncmodes.exchange.switchable import SwitchableExchange
 from tfsyncmodes.exchange.version import StepVersion
-from tfsyncmodes import knobs
+from tfsyncmodes import config as config_lib
 
 Recipe = Callable[..., Chain]
 RECIPES: Dict[str, Recipe] = {}
@@ -71,13 +70,9 @@ def switch_plan(config) -> Optional[Tuple[object, Tuple[str, ...]]]:
 
 
 def mode_config(config, mode: str):
-    """`config` as a run in `mode` alone would have it: ``mode`` set, and knobs left at their
-    default take that mode's default."""
-    values = {"mode": mode}
-    for knob in knobs.KNOBS:
-        if knob.key != "mode" and config.sources.get(knob.key, "default") == "default":
-            values[knob.key] = knob.default_for(mode)
-    return dataclasses.replace(config, **values)
+    """`config` as a run in `mode` alone would have it (per-mode defaults live in the knob
+    table, applied by :func:`tfsyncmodes.config.with_mode_defaults`)."""
+    return config_lib.with_mode_defaults(config, mode)
 
 
 def exchange_for(config, groups=None, *, active_mode: Optional[str] = None) -> Chain:

@@ -6,6 +6,7 @@ import dataclasses
 
 from absl import logging
 
+from tfsyncmodes.config import with_mode_defaults
 from tfsyncmodes.knobs import KNOBS
 from tfsyncmodes.registry import MODES
 from tfsyncmodes.strategies import make_strategy
@@ -39,8 +40,9 @@ class AutoMode(Mode):
 
 def _settings(config, choice, horovod) -> dict:
     """The knobs the choice sets: the mode, the policy, the groups, and the chosen mode's own
-    defaults for knobs left at their default (e.g. hybrid's Top-K compression)."""
-    settings = {knob.key: knob.default_for(choice.mode) for knob in KNOBS
+    defaults for knobs left at their default (:func:`tfsyncmodes.config.with_mode_defaults`)."""
+    chosen = with_mode_defaults(config, choice.mode)
+    settings = {knob.key: getattr(chosen, knob.key) for knob in KNOBS
                 if config.sources.get(knob.key, "default") == "default"}
     settings.update(mode=choice.mode, switch_policy=choice.switch_policy)
     sources = dict(config.sources, mode="auto", switch_policy="auto")
