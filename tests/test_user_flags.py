@@ -1,5 +1,5 @@
 """A script's own flags beside tfsyncmodes': every knob's flag is --sync_<key>, so a user's
---config, --momentum or --sync_compression (absl or argparse, defined before or after
+--config, --momentum or --compression (absl or argparse, defined before or after
 ``import tfsyncmodes``) keeps its own value and leaves the knobs alone; a --sync_* name another
 module defined first is not adopted, and one line names both definitions."""
 import json
@@ -42,7 +42,7 @@ parser = argparse.ArgumentParser()
 def define():
     parser.add_argument("--config", default="mine.yaml")
     parser.add_argument("--momentum", type=float, default=0.5)
-    parser.add_argument("--sync_compression", default="gzip")
+    parser.add_argument("--compression", default="gzip")
 
 if WHEN == "before":
     define()
@@ -83,7 +83,7 @@ def run_script(tmp_path, text, *args, **env):
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_scripts_own_config_momentum_and_compression_flags(tmp_path, kind, when):
     _, got, stderr = run_script(tmp_path, ABSL if kind == "absl" else ARGPARSE, when, "--config=theirs.yaml",
-                                "--momentum=0.25", "--sync_compression=lz4", "--sync_compression=fp16", "--sync_mode=hybrid")
+                                "--momentum=0.25", "--compression=lz4", "--sync_compression=fp16", "--sync_mode=hybrid")
     assert got["user"] == ["theirs.yaml", 0.25, "lz4"]  # the script's values, as it parsed them
     # The knobs come from their own flags (no knob read theirs.yaml, which does not exist).
     assert got["knobs"] == ["fp16", "flag", "hybrid"]
