@@ -59,6 +59,21 @@ def world_average(tensor, name: str) -> tf.Tensor:
                          process_set=hvd.global_process_set, name=name)
 
 
+def world_sum(tensor, name: str):
+    """`tensor` summed over all Horovod ranks."""
+    import horovod.tensorflow as hvd
+
+    return hvd.allreduce(tensor, op=hvd.Sum, name=name, process_set=hvd.global_process_set)
+
+
+def world_reduce(tensor, average: bool, name: Optional[str] = None):
+    """`tensor` averaged (or summed) over all Horovod ranks, as ``strategy.reduce`` asks."""
+    import horovod.tensorflow as hvd
+
+    return hvd.allreduce(tensor, op=hvd.Average if average else hvd.Sum, name=name,
+                         process_set=hvd.global_process_set)
+
+
 def world_allgather(tensor, name: str):
     """`tensor` of every Horovod rank, concatenated along the first axis in rank order."""
     import horovod.tensorflow as hvd

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.exchange import communicators
 from tfsyncmodes.keras.callbacks import BroadcastInitialState, MetricAverage
 from tfsyncmodes.keras.hybrid_callbacks import WireTrafficLogger
 from tfsyncmodes.keras.xla import XlaOffForCollectives
@@ -87,8 +88,7 @@ class HorovodStrategy(ModeStrategy):
     def reduce(self, reduce_op, value, axis=None):
         if axis is not None:
             value = tf.reduce_sum(value, axis=axis) if _is_sum(reduce_op) else tf.reduce_mean(value, axis=axis)
-        op = self.hvd.Sum if _is_sum(reduce_op) else self.hvd.Average
-        return self.hvd.allreduce(value, op=op)
+        return communicators.world_reduce(value, average=not _is_sum(reduce_op))
 
     def run(self, fn, args=(), kwargs=None):
         return fn(*args, **(kwargs or {}))

@@ -23,6 +23,7 @@ import dataclasses
 import time
 from typing import Sequence, Tuple
 
+from tfsyncmodes.exchange import communicators
 from tfsyncmodes.switching.decision import Groups, median, slow_first_groups
 
 PROBE_BYTES = 4 << 20
@@ -63,7 +64,7 @@ def choose(step_times: Sequence[float], allreduce_seconds: float, threshold: flo
                   f"and the exchange is cheap; {figures}")
 
 
-def probe(hvd, slow_factor: float = 1.0) -> Tuple[Tuple[float, ...], float]:
+def probe(slow_factor: float = 1.0) -> Tuple[Tuple[float, ...], float]:
     """(every rank's median probe step in seconds, this job's allreduce time in seconds); the
     same on every rank (gathered)."""
     import tensorflow as tf
@@ -87,12 +88,12 @@ def probe(hvd, slow_factor: float = 1.0) -> Tuple[Tuple[float, ...], float]:
         time.sleep((slow_factor - 1.0) * elapsed)  # an emulated straggler, as in training
         steps.append(elapsed * slow_factor)
     buffer = tf.zeros((PROBE_BYTES // 4,), tf.float32)
-    hvd.allreduce(buffer, name="tfsync_auto_probe_warmup").numpy()
+    communicators.world_sum(buffer, "tfsync_auto_probe_warmup").numpy()
     timings = []
     for number in range(3):
         started = time.perf_counter()
-        hvd.allreduce(buffer, name=f"tfsync_auto_probe_{number}").numpy()
+        communicators.world_sum(buffer, f"tfsync_auto_probe_{number}").numpy()
         timings.append(time.perf_counter() - started)
     mine = tf.constant([[median(steps), median(timings)]], tf.float64)
-    gathered = hvd.allgather(mine, name="tfsync_auto_probe_gather").numpy()
+    gathered = communicators.world_allgather(mine, "tfsync_auto_probe_gather").numpy()
     return tuple(float(v) for v in gathered[:, 0]), float(max(gathered[:, 1]))

@@ -28,7 +28,7 @@ class AutoMode(Mode):
             hvd = candidates.init_horovod(horovod.size, size)
             spec = slow_spec(config, hvd.rank())
             factor = spec.factor if spec is not None and spec.start == 0.0 else 1.0
-            times, seconds = auto.probe(hvd, factor)
+            times, seconds = auto.probe(factor)
             choice = auto.choose(times, seconds, config.switch_threshold, size)
         if horovod is None or horovod.rank == 0:
             logging.info("%s", choice.reason)

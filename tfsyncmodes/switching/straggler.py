@@ -4,7 +4,7 @@ exchanges it every ``--sync_switch_interval`` steps, and switches sync <-> hybri
 Each rank times its steps on the host: the wall time from one step's start to the next
 (`cycle`, which includes whatever the rank does between steps) and the time inside the train
 function (`in_step`, which includes waiting for peers in the collective). Every window the
-ranks allgather their two means (one small eager ``hvd.allgather``); every rank then estimates
+ranks allgather their two means (one small eager allgather through the communicators); every rank then estimates
 each rank's own time per step (:func:`~tfsyncmodes.switching.decision.own_step_times`) and runs
 the same :class:`~tfsyncmodes.switching.decision.StragglerDecider`, so all reach the same
 decision at the same step. The chief logs every switch in one line with the figures behind it
@@ -29,7 +29,7 @@ from typing import List, Optional
 from absl import logging
 
 from tfsyncmodes.exchange import groups as groups_lib
-from tfsyncmodes.exchange import recipes
+from tfsyncmodes.exchange import communicators, recipes
 from tfsyncmodes.switching.callback import ModeSwitch
 from tfsyncmodes.switching.decision import Decision, Groups, StragglerDecider, own_step_times
 
@@ -40,7 +40,6 @@ class StragglerSwitch(ModeSwitch):
     def __init__(self, strategy, group_size: int, log_dir: Optional[str] = None):
         super().__init__(strategy, log_dir)
         config = strategy.config
-        self.hvd = strategy.hvd
         self.interval = config.switch_interval
         self.decider = StragglerDecider(config.switch_threshold, config.switch_patience, group_size)
         self.decisions: List[Decision] = []
@@ -81,7 +80,7 @@ class StragglerSwitch(ModeSwitch):
 
         timed = max(self._timed, 1)
         mine = tf.constant([[self._cycle / timed, self._in_step / timed, float(self._timed)]], tf.float64)
-        gathered = self.hvd.allgather(mine, name="tfsync_switch_policy_times").numpy()
+        gathered = communicators.world_allgather(mine, "tfsync_switch_policy_times").numpy()
         self._in_step = self._cycle = 0.0
         self._timed = 0
         if float(gathered[:, 2].min()) < 1:
