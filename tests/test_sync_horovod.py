@@ -98,3 +98,11 @@ def test_horovod_under_tf_keras(tmp_path):
     check_mean_gradient_training(workers, steps=3, optimizer="sgd", tolerance=1e-5)
     check_one_grouped_allreduce_per_step(tmp_path / "timeline.json", steps=3, num_variables=2, epoch_metrics=1)
     check_epoch_loss_is_the_mean_over_ranks(workers, steps=3, optimizer="sgd")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_strategy_reduce_sums_and_averages_over_the_ranks():
+    out = run_checked(localrun.horovodrun_command(2, [PYTHON, os.path.join(WORKERS, "reduce_ranks.py")]), timeout=170)
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.stdout.splitlines() if "RESULT " in line]
+    assert sorted((r["rank"], r["sum"], r["mean"]) for r in results) == [(0, 3.0, 1.5), (1, 3.0, 1.5)]
