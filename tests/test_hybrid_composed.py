@@ -19,8 +19,8 @@ COMPOSED = {
     "composed_period_3_nesterov": {"composed": {"period": 3, "topk_ratio": 0.25, "outer": "nesterov",
                                                 "outer_lr": 0.5, "outer_momentum": 0.8}},
 }
-# What the last one trains, in the reference's knobs (the period is staleness + 1).
-PERIOD_3_NESTEROV = {"compression": "topk", "topk_ratio": 0.25, "staleness": 2, "cross_group": "periodic",
+# What the last one trains, in the reference's knobs.
+PERIOD_3_NESTEROV = {"compression": "topk", "topk_ratio": 0.25, "period": 3, "cross_group": "periodic",
                      "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8}
 
 
@@ -37,6 +37,6 @@ def test_hybrid_exchange_composed_in_python_equals_the_knobs_and_numpy(tmp_path)
     want = check_against_numpy(workers, PERIOD_3_NESTEROV, STEPS, tolerance=1e-6)
     x, y = reference.linear_data(STEPS, 4)
     groups = [list(g) for g in workers[0]["groups"]]
-    for other in (dict(PERIOD_3_NESTEROV, staleness=1), dict(PERIOD_3_NESTEROV, outer_optimizer="average")):
+    for other in (dict(PERIOD_3_NESTEROV, period=2), dict(PERIOD_3_NESTEROV, outer_optimizer="average")):
         elsewhere = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups, **other)
         assert np.abs(elsewhere[0][0] - want[0][0]).max() > 1e-4  # the composed settings mattered
