@@ -1,6 +1,7 @@
 """The documentation: the README's links, flags and Python code, the generated knob reference,
 and the MkDocs site, which builds with ``--strict`` (every page in the nav, every link and
 anchor resolved, the API reference generated from the docstrings)."""
+import json
 import os
 import re
 import subprocess
@@ -106,3 +107,35 @@ def test_the_readme_snippet_unchanged_trains_in_every_mode(tmp_path, mode):
     # The chief wrote its checkpoint and TensorBoard log under the script's model_dir.
     assert (tmp_path / "runs" / "mine" / "checkpoint.weights.h5").is_file()
     assert (tmp_path / "runs" / "mine" / "logs").is_dir()
+
+
+def _readme_commands(heading: str):
+    """The commands of the ```sh block under the README's `heading`, one list of words each."""
+    import shlex
+
+    section = _readme().split(f"## {heading}\n", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    return [shlex.split(line) for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_readme_commands_per_mode_train_as_written(tmp_path):
+    """Each command of "One command per mode", as written, from the checkout (its `.venv/` and
+    `python` first on PATH, as after `source .venv/bin/activate`), for one epoch."""
+    from tfsync_testbed import localrun
+
+    commands = _readme_commands("One command per mode, on one host")
+    modes = [next(w for w in c if w.startswith("--sync_mode=")).split("=")[1] for c in commands]
+    assert modes == ["sync", "async", "hybrid", "auto"], modes
+    venv_bin = os.path.join(REPO, ".venv", "bin")
+    assert os.path.isfile(os.path.join(venv_bin, "horovodrun")), "the README's commands need scripts/install.sh's .venv"
+    env = clean_env(PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""))
+    for mode, command in zip(modes, commands):
+        metrics = tmp_path / f"{mode}.json"
+        result = localrun.run(command + ["--epochs=1", f"--model_dir={tmp_path / mode}", f"--metrics_file={metrics}"],
+                              timeout=400, env=env, cwd=REPO)
+        assert result.returncode == 0, f"{command}:\n" + result.stdout[-3000:] + result.stderr[-3000:]
+        got = json.loads(metrics.read_text())
+        assert got["mode"] in ({"auto": ("sync", "hybrid")}.get(mode) or (mode,)), got
+        assert got["epochs_run"] == [0] and got["test_accuracy"] > 0.5, got

@@ -121,3 +121,20 @@ def test_the_launcher_is_a_console_command():
                             capture_output=True, text=True, timeout=100, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert '"task":{"type":"chief","index":0}' in result.stdout
+
+
+@pytest.mark.timeout(240)
+def test_the_example_trainer_is_a_console_command_that_trains(tmp_path):
+    """``tfsyncmodes-train`` (the installed example trainer) trains the digits in one process."""
+    import json
+
+    assert pyproject()["project"]["scripts"]["tfsyncmodes-train"] == "tfsyncmodes.examples.train:main"
+    command = os.path.join(os.path.dirname(PYTHON), "tfsyncmodes-train")
+    metrics = tmp_path / "metrics.json"
+    result = subprocess.run([command, "--epochs=2", f"--model_dir={tmp_path / 'run'}", f"--metrics_file={metrics}"],
+                            capture_output=True, text=True, timeout=220, env=clean_env(), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(metrics.read_text())
+    assert (got["mode"], got["epochs_run"], got["steps"]) == ("sync", [0, 1], 2 * got["steps_per_epoch"])
+    assert got["test_accuracy"] > 0.85, got
+    assert (tmp_path / "run" / "sync" / "model.keras").exists()

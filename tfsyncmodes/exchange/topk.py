@@ -4,14 +4,15 @@ Two implementations give the same set of entries (the k of largest magnitude, ti
 towards the lower index, as a stable sort by decreasing magnitude and as ``tf.math.top_k``):
 
 ``native``
-    Two small CPU kernels (``native/topk_ops.cc``) that ``scripts/install.sh`` compiles
-    against the installed TensorFlow into ``native/_topk_ops.so``: the selection in one pass
+    Two small CPU kernels (``native/topk_ops.cc``) compiled against the installed TensorFlow
+    by ``scripts/install.sh``, or on first use into a cache per TensorFlow version
+    (:mod:`~tfsyncmodes.exchange.kernels`): the selection in one pass
     over the update (SSE2 comparisons of 16 entries into a bit mask) that keeps the entries
     above a sampled threshold, ``nth_element`` among those ~1.3 k candidates for the exact k-th,
     and a decompression that writes zeros and adds the k entries. Indices come out in
     increasing order.
 ``ops``
-    TensorFlow ops only, used when the library is not built (a plain ``pip install``): Deep
+    TensorFlow ops only, used when the kernels cannot be built (no C++ compiler): Deep
     Gradient Compression's sampled threshold (Lin et al., ICLR 2018, section 3: estimate the
     threshold from a sample of the gradient, then select exactly among the entries above it),
     ``tf.where`` for the candidates, ``tf.math.top_k`` among them, and
@@ -32,38 +33,46 @@ selected) stays whole in the residual.
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional, Tuple
 
 import tensorflow as tf
+from absl import logging
 
-NATIVE_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "_topk_ops.so")
+from tfsyncmodes.exchange import kernels
+
 IMPLEMENTATIONS = ("auto", "native", "ops")
 CANDIDATE_MARGIN = 1.3  # candidates kept above the sampled threshold, in units of k
 SAMPLE_SIZE = 20000     # entries the ``ops`` threshold is estimated from
 
 
 def load_native():
-    """The compiled kernels' module, or None when ``scripts/install.sh`` has not built them for
-    this TensorFlow (or they do not load)."""
-    if not os.path.exists(NATIVE_LIBRARY):
-        return None
-    try:
-        return tf.load_op_library(NATIVE_LIBRARY)
-    except (tf.errors.NotFoundError, OSError):  # built for another TensorFlow
-        return None
+    """The compiled kernels' module, or None when they are not built and cannot be (see
+    :mod:`~tfsyncmodes.exchange.kernels`). Logs once which implementation runs, and why."""
+    library, how = kernels.locate()
+    module = None
+    if library is not None:
+        try:
+            module = tf.load_op_library(library)
+        except (tf.errors.NotFoundError, OSError) as error:  # built for another TensorFlow
+            how = f"{library} does not load: {str(error).splitlines()[0]}"
+    if module is not None:
+        logging.log_first_n(logging.INFO, "tfsyncmodes: Top-K runs the compiled kernels (%s, %s)", 1, library, how)
+    else:
+        logging.log_first_n(logging.WARNING, "tfsyncmodes: Top-K runs TensorFlow ops, slower than the compiled kernels "
+                            "(%s)", 1, how)
+    return module
 
 
 class TopKSelection:
     """Selection and decompression with one implementation: ``auto`` takes ``native`` when it
-    is built and ``ops`` otherwise; ``native`` without the library is an error."""
+    is built (or builds) and ``ops`` otherwise; ``native`` without the library is an error."""
 
     def __init__(self, implementation: str = "auto"):
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"Top-K implementation {implementation!r}: use one of {', '.join(IMPLEMENTATIONS)}")
         self.native = None if implementation == "ops" else load_native()
         if implementation == "native" and self.native is None:
-            raise RuntimeError(f"the Top-K kernels are not built ({NATIVE_LIBRARY}): run scripts/install.sh")
+            raise RuntimeError("the Top-K kernels are not built and could not be (see the log line above)")
         self.implementation = "native" if self.native is not None else "ops"
 
     def select(self, flat: tf.Tensor, k: int) -> Tuple[tf.Tensor, tf.Tensor]:

@@ -1,0 +1,61 @@
+"""The Top-K kernels for a ``pip install`` user: built on first use into a cache per TensorFlow
+version, once, exact against NumPy; a missing compiler or TFSYNC_BUILD_KERNELS=0 falls back to
+TensorFlow ops with the reason; and the one log line that says which implementation runs."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tensorflow as tf  # noqa: F401  (a broken TensorFlow must fail these tests, not skip them)
+
+from tests import reference
+from tfsyncmodes.exchange import kernels
+
+
+@pytest.mark.slow
+def test_the_first_use_builds_the_kernels_into_the_cache_once_and_they_are_exact(tmp_path):
+    library, how = kernels.locate(prebuilt=None, cache=str(tmp_path))
+    assert (library, how) == (str(tmp_path / kernels.LIBRARY), "built on first use, now")
+    assert sorted(os.listdir(tmp_path)) == [kernels.LIBRARY, kernels.LIBRARY + ".lock"]  # no scratch left
+    built = os.stat(library).st_mtime_ns
+    assert kernels.locate(prebuilt=None, cache=str(tmp_path)) == (library, "built on first use")
+    assert os.stat(library).st_mtime_ns == built  # found, not rebuilt
+
+    module = tf.load_op_library(library)
+    flat = np.random.default_rng(3).standard_normal(300_000).astype(np.float32)
+    values, indices = module.tfsync_top_k_magnitude(tf.constant(flat), k=3000)
+    _, want = reference.topk_compress(flat, 0.01)
+    assert sorted(indices.numpy().tolist()) == sorted(want.tolist())
+    np.testing.assert_array_equal(values.numpy(), flat[indices.numpy()])
+
+
+def test_the_cache_is_per_tensorflow_version_under_the_users_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("TFSYNC_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert kernels.cache_dir() == str(tmp_path / "tfsyncmodes" / f"tf-{tf.__version__}")
+    monkeypatch.setenv("TFSYNC_CACHE_DIR", str(tmp_path / "mine"))
+    assert kernels.cache_dir() == str(tmp_path / "mine" / f"tf-{tf.__version__}")
+
+
+def test_without_a_compiler_or_with_the_build_off_there_is_no_library_and_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    library, why = kernels.locate(prebuilt=None, cache=str(tmp_path / "cache"))
+    assert library is None and "no-such-compiler did not run" in why
+    assert not os.path.exists(tmp_path / "cache" / kernels.LIBRARY)
+    monkeypatch.setenv("TFSYNC_BUILD_KERNELS", "0")
+    assert kernels.locate(prebuilt=None, cache=str(tmp_path / "cache")) == (None, "TFSYNC_BUILD_KERNELS=0")
+
+
+def test_one_log_line_says_which_implementation_runs(tmp_path):
+    """The checkout's install built the kernels; two compressors log the line once."""
+    code = ("from absl import app\n"
+            "from tfsyncmodes.exchange.compressors import TopK\n"
+            "app.run(lambda argv: len([TopK(), TopK()]) and None)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "Top-K runs" in line]
+    assert len(lines) == 1, done.stderr
+    assert "tfsyncmodes: Top-K runs the compiled kernels" in lines[0] and "built at install" in lines[0]

@@ -1,0 +1,2 @@
+"""Example programs installed with the package: ``tfsyncmodes-train``
+(:mod:`tfsyncmodes.examples.train`), the trainer every mode's documentation runs."""

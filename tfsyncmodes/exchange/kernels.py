@@ -1,0 +1,83 @@
+"""The compiled Top-K kernels: where they are found, and their build on first use.
+
+``scripts/install.sh`` compiles ``native/topk_ops.cc`` next to its source. A ``pip install``
+user has only the source (it ships as package data), so the first process that asks for the
+kernels compiles them with the C++ compiler (``$CXX``, else ``g++``) and TensorFlow's own
+compile and link flags into a cache kept per TensorFlow version::
+
+    $TFSYNC_CACHE_DIR  (else $XDG_CACHE_HOME/tfsyncmodes, else ~/.cache/tfsyncmodes)
+        tf-2.21.0/_topk_ops.so
+
+Ranks that start together build once: the build holds a file lock, and the library appears
+under its final name only when complete. ``TFSYNC_BUILD_KERNELS=0`` turns the build off; when
+it is off, or fails (no compiler, no headers), :func:`locate` says why and the compressor uses
+TensorFlow ops (the same result, slower).
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shlex
+import subprocess
+import tempfile
+from typing import Optional, Tuple
+
+import tensorflow as tf
+
+NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
+SOURCE = os.path.join(NATIVE_DIR, "topk_ops.cc")
+LIBRARY = "_topk_ops.so"
+BUILD_TIMEOUT_S = 600
+
+
+def cache_dir() -> str:
+    """Where kernels built on first use are kept, one folder per TensorFlow version."""
+    root = os.environ.get("TFSYNC_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tfsyncmodes")
+    return os.path.join(root, f"tf-{tf.__version__}")
+
+
+def build(output: str, source: str = SOURCE) -> Tuple[bool, str]:
+    """Compiles `source` into the shared library `output`; (done, the compiler's last words)."""
+    compiler = os.environ.get("CXX") or "g++"
+    command = ([*shlex.split(compiler), "-O3", "-shared", "-fPIC", "-w", "-o", output + ".tmp", source]
+               + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return False, f"{compiler} did not run: {error}"
+    if done.returncode != 0:
+        tail = " ".join(done.stderr.strip().splitlines()[-3:])
+        return False, f"{compiler} failed: {tail}"
+    os.replace(output + ".tmp", output)
+    return True, ""
+
+
+def locate(prebuilt: Optional[str] = os.path.join(NATIVE_DIR, LIBRARY),
+           cache: Optional[str] = None) -> Tuple[Optional[str], str]:
+    """(the library's path, how it was found) or (None, why there is none): the library
+    ``scripts/install.sh`` built, else the one in the cache, else a build into the cache."""
+    if prebuilt and os.path.exists(prebuilt):
+        return prebuilt, "built at install"
+    folder = cache or cache_dir()
+    library = os.path.join(folder, LIBRARY)
+    if os.path.exists(library):
+        return library, "built on first use"
+    if os.environ.get("TFSYNC_BUILD_KERNELS", "1") == "0":
+        return None, "TFSYNC_BUILD_KERNELS=0"
+    if not os.path.exists(SOURCE):
+        return None, f"no source at {SOURCE}"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(library + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another rank may be building it
+            if os.path.exists(library):
+                return library, "built on first use"
+            with tempfile.TemporaryDirectory(dir=folder) as scratch:
+                done, why = build(os.path.join(scratch, LIBRARY))
+                if not done:
+                    return None, why
+                os.replace(os.path.join(scratch, LIBRARY), library)
+    except OSError as error:
+        return None, f"cannot build into {folder}: {error}"
+    return library, "built on first use, now"
