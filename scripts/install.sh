@@ -125,17 +125,17 @@ for attempt in 1 2 3; do
   [ "$attempt" = 3 ] && die "horovodrun --check-build does not show TensorFlow and Gloo"
 done
 # The Top-K compressor's kernels (tfsyncmodes/exchange/topk.py), compiled against this
-# TensorFlow like Horovod; without them the compressor uses TensorFlow ops (same result, slower).
+# TensorFlow like Horovod, by the same function that builds them on first use for a pip
+# install (tfsyncmodes/exchange/kernels.py); without them the compressor uses TensorFlow ops
+# (same result, slower).
 build_topk_ops() {
-  local flags
-  flags=$("$venv/bin/python" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()))' 2>/dev/null) || return 1
-  # shellcheck disable=SC2086  # the flags are separate words
-  if ! "${CXX:-g++}" -O3 -shared -fPIC -w -o "$topk_lib.tmp" "$topk_src" $flags 2>"$venv/topk_ops.log"; then
-    tail -n 20 "$venv/topk_ops.log" >&2
-    return 1
-  fi
-  mv "$topk_lib.tmp" "$topk_lib" \
-    && "$venv/bin/python" -c 'from tfsyncmodes.exchange.topk import TopKSelection; TopKSelection("native")' >/dev/null 2>&1
+  "$venv/bin/python" - "$topk_lib" <<'PY' 2>"$venv/topk_ops.log" || { tail -n 5 "$venv/topk_ops.log" >&2; return 1; }
+import sys
+from tfsyncmodes.exchange import kernels
+done, why = kernels.build(sys.argv[1])
+sys.exit(0 if done else why)
+PY
+  "$venv/bin/python" -c 'from tfsyncmodes.exchange.topk import TopKSelection; TopKSelection("native")' >/dev/null 2>&1
 }
 say "compiling the Top-K kernels (tfsyncmodes/exchange/native)"
 if ! build_topk_ops; then
