@@ -18,12 +18,14 @@ REPORT_AND_WAIT = (
     "    time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))\n"
     "if t['type'] == 'worker' and t['index'] == 1 and float(sys.argv[3]) >= 0:\n"
     "    time.sleep(float(sys.argv[3])); sys.exit(7)\n"
+    "if t['type'] == 'ps' and float(sys.argv[4]) >= 0:\n"
+    "    time.sleep(float(sys.argv[4])); sys.exit(9)\n"
     "time.sleep(600)\n")
 
 
-def launch(*args, chief_seconds=1.0, chief_status=0, worker_dies_after=-1.0, timeout=60):
+def launch(*args, chief_seconds=1.0, chief_status=0, worker_dies_after=-1.0, ps_dies_after=-1.0, timeout=60):
     command = [PYTHON, "-m", "tfsyncmodes.launch", *args, "--", PYTHON, "-c", REPORT_AND_WAIT,
-               str(chief_seconds), str(chief_status), str(worker_dies_after)]
+               str(chief_seconds), str(chief_status), str(worker_dies_after), str(ps_dies_after)]
     return localrun.run(command, timeout=timeout, env=clean_env(), cwd=REPO)
 
 
@@ -58,6 +60,40 @@ def test_a_dying_worker_stops_the_cluster_unless_tolerated():
                        worker_dies_after=0.5)
     assert tolerated.returncode == 0
     assert "[launch] worker:1 exited with status 7; the others go on" in tolerated.stdout
+
+
+@pytest.mark.timeout(120)
+def test_max_restarts_restarts_a_worker_at_its_address_then_stops():
+    result = launch("--workers", "2", "--ps", "1", "--max_restarts", "2", chief_seconds=30, worker_dies_after=0.5,
+                    timeout=100)
+    assert result.returncode == 1, result.stdout
+    said = [l for l in result.stdout.splitlines() if l.startswith("[launch] worker:1 exited")]
+    address = json.loads(task_lines(result.stdout)[0].split(" ", 4)[4])["worker"][1]
+    assert said == [f"[launch] worker:1 exited with status 7; restarting it at {address} (restart 1 of 2)",
+                    f"[launch] worker:1 exited with status 7; restarting it at {address} (restart 2 of 2)",
+                    "[launch] worker:1 exited with status 7; stopping the cluster"], result.stdout
+    # Three runs of worker:1, all in the one cluster (the same addresses); the others ran once.
+    assert [l.split(" task ")[0] for l in task_lines(result.stdout)].count("[worker:1]") == 3
+    assert len({l.split(" ", 4)[4] for l in task_lines(result.stdout)}) == 1
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("who", ["ps", "chief"])
+def test_max_restarts_starts_the_cluster_again_when_a_ps_or_the_chief_dies(who):
+    kwargs = {"ps_dies_after": 0.5, "chief_seconds": 30} if who == "ps" else {"chief_status": 5}
+    result = launch("--workers", "1", "--ps", "1", "--max_restarts", "1", timeout=150, **kwargs)
+    lost, status = ("ps:0", 9) if who == "ps" else ("chief:0", 5)
+    assert result.returncode == (1 if who == "ps" else 5), result.stdout
+    assert (f"[launch] {lost} exited with status {status}; restarting the cluster, the chief resumes from "
+            "its last backup (restart 1 of 1)") in result.stdout
+    assert result.stdout.count("[launch] cluster {") == 2  # fresh ports the second time
+    assert [l.split(" task ")[0] for l in task_lines(result.stdout)].count("[chief:0]") == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_chief_that_exits_2_for_bad_input_is_not_restarted():
+    result = launch("--workers", "1", "--ps", "1", "--max_restarts", "3", chief_status=2)
+    assert result.returncode == 2 and "restarting" not in result.stdout, result.stdout
 
 
 @pytest.mark.timeout(90)

@@ -9,6 +9,12 @@ ends, when any other task dies (unless ``--tolerate_worker_loss`` and it was a w
 Ctrl-C or SIGTERM, and on ``--timeout``. The exit status is the chief's (124 on timeout, 130
 when interrupted, 1 when another task's death ended the run).
 
+``--max_restarts N``, as ``torchrun`` users know it: a worker that dies is started again at
+its address (the chief's coordinator takes it back), up to N times each; a parameter server
+or chief that dies stops the cluster, which starts again on fresh ports, the chief resuming
+from its last backup (``strategy.callbacks(model_dir)``), up to N times in all. A chief
+that exits 2 (bad input) is never restarted.
+
 TensorFlow's gRPC servers listen on every interface whatever address TF_CONFIG gives them, so
 where the machine allows it (root, or unprivileged user namespaces) the launcher re-executes
 itself in a network namespace of its own with only a loopback interface: the cluster is
@@ -135,7 +141,10 @@ class Launcher:
         self.args = args
         self.lock = threading.Lock()
         self.tasks: List[Task] = []
+        self.cluster: Dict[str, List[str]] = {}
         self.stop_reason: Optional[str] = None
+        self.cluster_restarts = 0
+        self.worker_restarts: Dict[str, int] = {}
 
     def say(self, text: str) -> None:
         with self.lock:
@@ -146,23 +155,32 @@ class Launcher:
                 pass
 
     def run(self) -> int:
-        cluster = local_cluster(self.args.workers, self.args.ps)
-        self.say("cluster " + json.dumps(cluster))
         if os.environ.get(PRIVATE_MARK) == "1":
             self.say("network: a namespace of its own with loopback only; nothing listens beyond it")
         else:
             self.say("network: shared with this machine; the tasks' ports are open on every interface")
-        for role in ("ps", "worker", "chief"):
-            for index in range(len(cluster.get(role, ()))):
-                task = Task(role, index, self.args.command, cluster, self.lock)
-                self.tasks.append(task)
-                self.say(f"started {task.name} pid {task.process.pid}")
-        chief = self.tasks[-1]
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         deadline = time.monotonic() + self.args.timeout if self.args.timeout else None
+        while True:
+            status, restart = self._run_cluster(deadline)
+            if not restart:
+                return status
+
+    def _start(self, role: str, index: int) -> Task:
+        task = Task(role, index, self.args.command, self.cluster, self.lock)
+        self.say(f"started {task.name} pid {task.process.pid}")
+        return task
+
+    def _run_cluster(self, deadline: Optional[float]):
+        """Starts every task and waits for the chief; (exit status, whether to start again)."""
+        self.cluster = local_cluster(self.args.workers, self.args.ps)
+        self.say("cluster " + json.dumps(self.cluster))
+        self.tasks = [self._start(role, index) for role in ("ps", "worker", "chief")
+                      for index in range(len(self.cluster.get(role, ())))]
+        chief = self.tasks[-1]
         reported = set()
-        status = None
+        status, restart = None, False
         while status is None:
             if self.stop_reason:
                 status = 130
@@ -172,34 +190,57 @@ class Launcher:
                 # one that exited 0 may just have seen the chief finish.
                 self._report_exits(reported, failures_only=True)
                 status = chief.process.returncode
+                restart = status not in (0, 2) and self._restart_cluster(f"chief:0 exited with status {status}")
                 break
-            status = self._report_exits(reported)
+            status, restart = self._report_exits(reported)
             if deadline is not None and time.monotonic() > deadline:
                 self.say(f"timeout after {self.args.timeout:g}s; stopping the cluster")
-                status = 124
+                status, restart = 124, False
             time.sleep(0.1)
         self.teardown()
         self.say("exit statuses: " + " ".join(f"{t.name}={t.process.returncode}" for t in self.tasks))
-        return status
+        return status, restart
 
-    def _report_exits(self, reported: set, failures_only: bool = False) -> Optional[int]:
+    def _restart_cluster(self, why: str) -> bool:
+        """Whether --max_restarts allows starting the cluster again after `why` (says so)."""
+        if self.cluster_restarts >= self.args.max_restarts:
+            return False
+        self.cluster_restarts += 1
+        self.say(f"{why}; restarting the cluster, the chief resumes from its last backup "
+                 f"(restart {self.cluster_restarts} of {self.args.max_restarts})")
+        return True
+
+    def _report_exits(self, reported: set, failures_only: bool = False):
         """Says which tasks besides the chief have exited (with a non-zero status, if
-        `failures_only`) since the last call; 1 if one of them failed and so stops the cluster,
-        else None (a task that exited 0 finished its work: the chief's status decides)."""
-        status = None
-        for task in self.tasks[:-1]:
+        `failures_only`, which only reports) since the last call, and acts: a failed worker
+        is restarted at its address while --max_restarts allows, or tolerated; any other
+        failure stops the cluster (status 1), which a failed ps starts again while
+        --max_restarts allows. (status or None, restart the cluster)."""
+        for position, task in enumerate(self.tasks[:-1]):
             code = task.process.poll()
             if code is None or task.name in reported or (failures_only and code == 0):
                 continue
             reported.add(task.name)
             if code == 0:  # e.g. a MultiWorkerMirrored worker that finished a moment before the chief
                 self.say(f"{task.name} finished (status 0); waiting for the chief")
+            elif failures_only:
+                self.say(f"{task.name} exited with status {code}")
+            elif task.role == "worker" and self.worker_restarts.get(task.name, 0) < self.args.max_restarts:
+                count = self.worker_restarts[task.name] = self.worker_restarts.get(task.name, 0) + 1
+                index = int(task.name.split(":")[1])
+                self.say(f"{task.name} exited with status {code}; restarting it at "
+                         f"{self.cluster['worker'][index]} (restart {count} of {self.args.max_restarts})")
+                task.finish_output()
+                self.tasks[position] = self._start("worker", index)
+                reported.discard(task.name)
             elif task.role == "worker" and self.args.tolerate_worker_loss:
                 self.say(f"{task.name} exited with status {code}; the others go on")
-            else:
-                self.say(f"{task.name} exited with status {code}; stopping the cluster")
-                status = 1
-        return status
+            else:  # a ps (the cluster starts again while it may), or a worker out of restarts
+                restart = task.role == "ps" and self._restart_cluster(f"{task.name} exited with status {code}")
+                if not restart:
+                    self.say(f"{task.name} exited with status {code}; stopping the cluster")
+                return 1, restart
+        return None, False
 
     def _on_signal(self, signum, frame) -> None:
         del frame

@@ -64,6 +64,10 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                         help="stop the whole cluster after this many seconds (default: no limit)")
     parser.add_argument("--tolerate_worker_loss", action="store_true",
                         help="keep going when a worker dies (async mode reschedules its steps)")
+    parser.add_argument("--max_restarts", type=_count, default=0,
+                        help="restart a worker that dies, at its address, up to this many times each; and "
+                             "restart the whole cluster when a ps or the chief dies (the chief resumes from "
+                             "its last backup), up to this many times (default 0: no restarts)")
     parser.add_argument("--share_network", action="store_true",
                         help="run the tasks in this machine's network instead of a private loopback-only "
                              "one (their ports are then reachable from the network)")
@@ -87,6 +91,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         _fail("--workers", f"{args.workers} is too few", "use 1 or more")
     if args.ps < 0:
         _fail("--ps", f"{args.ps} is negative", "use 0 or more")
+    if args.max_restarts < 0:
+        _fail("--max_restarts", f"{args.max_restarts} is negative", "use 0 (no restarts) or more")
     if args.print_tf_config:
         _check_print_tf_config(args)
         return args
@@ -108,6 +114,7 @@ def _check_print_tf_config(args: argparse.Namespace) -> None:
     running cluster are refused rather than ignored."""
     running = [name for given, name in ((args.timeout is not None, "--timeout"),
                                         (args.tolerate_worker_loss, "--tolerate_worker_loss"),
+                                        (args.max_restarts > 0, "--max_restarts"),
                                         (args.share_network, "--share_network"), (bool(args.command), "command"))
                if given]
     if running:

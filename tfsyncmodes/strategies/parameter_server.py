@@ -164,10 +164,14 @@ class AsyncStrategy(ModeStrategy):
         runs their steps on the others)."""
         self.coordinator.join()
         for index, address in enumerate(self.cluster.cluster["worker"]):
-            if index not in self.lost_workers and not _reachable(address):
+            reachable = _reachable(address)
+            if index not in self.lost_workers and not reachable:
                 self.lost_workers.add(index)
                 logging.warning("worker:%d at %s was lost; its steps run on the other workers",
                                 index, address)
+            elif index in self.lost_workers and reachable:  # restarted (launch --max_restarts)
+                self.lost_workers.discard(index)
+                logging.warning("worker:%d at %s is back; the coordinator gives it steps again", index, address)
 
     def parameter_server_lost(self, error: Exception) -> JobFailure:
         """The failure to report when a parameter server stopped answering."""
