@@ -137,3 +137,13 @@ def test_missing_command_is_a_clear_usage_error():
     assert result.returncode == 2
     assert "command: missing; give it after --" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_negative_max_restarts_is_one_line_and_status_2():
+    """Run by path, the launcher imports no TensorFlow: bad options fail at once."""
+    result = localrun.run([PYTHON, f"{REPO}/tfsyncmodes/launch.py", "--max_restarts", "-1", "--", "true"],
+                          timeout=50, env=clean_env(), cwd=REPO)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "tfsyncmodes: error: launch: --max_restarts: -1 is negative; use 0 (no restarts) or more"]
