@@ -1,0 +1,84 @@
+"""The cost model (tfsyncmodes.costs) against closed forms written here from its documented
+rules (α–β ring allreduce, the barrier, the ps links, hybrid's rounds), and against an
+independent sampling of the heavy tail; `python -m tfsyncmodes.advise` and its bad input."""
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.conftest import PYTHON, REPO, clean_env
+from tfsyncmodes import costs
+
+T, B, GBIT, ALPHA, BATCH = 0.05, 4e6, 10.0, 50e-6, 64
+
+
+def ring(n, gbit):
+    return 0.0 if n == 1 else 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * B * 8 / (gbit * 1e9)
+
+
+def job(**kw):
+    base = dict(ranks=8, ranks_per_host=2, step_ms=T * 1e3, grad_mb=B / 1e6, link_gbit=GBIT, host_gbit=100.0,
+                latency_us=ALPHA * 1e6, batch=BATCH, period=8)
+    return costs.Job(**dict(base, **kw))
+
+
+def test_without_tails_or_stragglers_each_mode_is_its_closed_form():
+    got = costs.predict(job(local_steps="fixed"))
+    assert got["sync"] == pytest.approx(8 * BATCH / (T + ring(8, GBIT)), rel=1e-12)
+    per_update = 2 * B * 8 / (GBIT * 1e9) + 2 * ALPHA
+    assert got["async"] == pytest.approx(min(8 / (T + per_update), GBIT * 1e9 / (2 * B * 8)) * BATCH, rel=1e-12)
+    round_time = 8 * (T + ring(2, 100.0)) + ring(4, GBIT)
+    assert got["hybrid"] == pytest.approx(8 * BATCH * 8 / round_time, rel=1e-12)
+    # With equal ranks, speed-proportional steps are the fixed plan.
+    assert costs.predict(job(local_steps="auto"))["hybrid"] == pytest.approx(got["hybrid"], rel=1e-12)
+
+
+def test_a_persistent_straggler_holds_sync_back_and_auto_local_steps_route_around_it():
+    got = costs.predict(job(straggler=4.0, local_steps="auto"))
+    assert got["sync"] == pytest.approx(8 * BATCH / (4 * T + ring(8, GBIT)), rel=1e-12)
+    fast, slow = T + ring(2, 100.0), 4 * T + ring(2, 100.0)
+    slow_steps = max(1, round(8 * fast / slow))  # the rule: round(period * t_fastest / t_g)
+    round_time = max(8 * fast, slow_steps * slow) + ring(4, GBIT)
+    assert got["hybrid"] == pytest.approx((3 * 8 + slow_steps) * 2 * BATCH / round_time, rel=1e-12)
+    fixed = costs.predict(job(straggler=4.0, local_steps="fixed"))["hybrid"]
+    assert fixed == pytest.approx(8 * 8 * BATCH / (8 * slow + ring(4, GBIT)), rel=1e-12)
+    assert got["hybrid"] > 2 * fixed
+    assert costs.best(got) == "async"  # one slow worker costs async only its own share
+
+
+def test_a_heavy_tail_costs_sync_the_expected_maximum_of_its_ranks():
+    sigma = 0.5
+    got = costs.predict(job(tail_sigma=sigma, ranks_per_host=1, ranks=16))
+    rng = np.random.default_rng(12345)  # not the model's seed, and 50x its samples
+    delays = rng.lognormal(-sigma ** 2 / 2, sigma, size=(200_000, 16))
+    assert delays.mean() == pytest.approx(1.0, abs=0.01)
+    want = 16 * BATCH / (T * delays.max(axis=1).mean() + ring(16, GBIT))
+    assert got["sync"] == pytest.approx(want, rel=0.02)
+    # The tail costs sync more the more ranks wait for each other.
+    ratios = [costs.predict(job(tail_sigma=sigma, ranks=n, ranks_per_host=1))["sync"]
+              / costs.predict(job(ranks=n, ranks_per_host=1))["sync"] for n in (2, 8, 32)]
+    assert ratios[0] > ratios[1] > ratios[2]
+
+
+def test_a_job_the_model_cannot_price_is_refused_by_name():
+    with pytest.raises(ValueError, match="ranks_per_host=3: use a divisor of ranks"):
+        job(ranks_per_host=3)
+    with pytest.raises(ValueError, match="local_steps='sometimes'"):
+        job(local_steps="sometimes")
+
+
+@pytest.mark.timeout(200)
+def test_advise_prints_each_mode_and_the_pick_and_bad_input_is_one_line():
+    command = [PYTHON, "-m", "tfsyncmodes.advise", "--ranks=8", "--ranks_per_host=2", "--step_ms=50",
+               "--grad_mb=4", "--link_gbit=10", "--straggler=4"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=90, env=clean_env(), cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert [l.split()[0] for l in lines[1:4]] == ["sync", "async", "hybrid"]
+    assert lines[-1].startswith("highest throughput: async")
+    bad = subprocess.run(command[:3] + ["--ranks_per_host=3"], capture_output=True, text=True, timeout=90,
+                         env=clean_env(), cwd=REPO)
+    assert bad.returncode == 2
+    errors = [l for l in bad.stderr.splitlines() if l.startswith("tfsyncmodes: error:")]
+    assert errors == ["tfsyncmodes: error: flag: --ranks_per_host: ranks_per_host=3 is not accepted; "
+                      "use a divisor of ranks"], bad.stderr

@@ -1,0 +1,144 @@
+"""A cost model of each mode's throughput: compute-time distributions per rank and an α–β model
+of the exchange, so that a job can be sized without a cluster (``python -m tfsyncmodes.advise``).
+
+What a step costs, for ``ranks`` ranks of which ``ranks_per_host`` share a host:
+
+- **Compute**: rank r's step takes ``step_ms * slow_r * X`` where ``slow_r`` is a persistent
+  factor (``straggler``: one rank ``factor`` times slower) and X a per-step delay with mean 1:
+  1 (no tail), or lognormal with shape ``tail_sigma`` (a heavy tail: most steps near the
+  median, a few much longer). Expectations over X are taken by Monte Carlo with a fixed seed.
+- **Collectives** (α–β, Hockney's model): a ring allreduce of B bytes over n members moves
+  ``2 (n-1)/n * B`` bytes through each member's link and pays ``2 (n-1)`` latencies α. A ring
+  that crosses hosts runs at the slower of the two links.
+- **sync**: every step waits for the slowest rank, then allreduces the gradient over all ranks.
+- **async**: each worker computes, then pushes its gradient to and pulls the variables from the
+  parameter servers, each at its own pace; the servers' links carry ``2 B`` per update in all,
+  so the job's rate is the lesser of the workers' own rates and what ``ps`` links can carry.
+- **hybrid** (one group per host): inside a group a step waits for the group's slowest rank and
+  allreduces on the host's link; every ``period`` steps the groups average the model across
+  hosts. ``local_steps="fixed"``: every group runs ``period`` steps a round, so a round lasts as
+  long as the slowest group's; ``"auto"``: the fastest group runs ``period`` and the others as
+  many as fit in the same time (at least one), so slow groups do less of the work.
+
+It predicts throughput (samples per second), not how many samples each mode needs to reach a
+given accuracy (async and hybrid usually need more than sync). Sizes are in bytes, times in
+seconds unless a name says otherwise.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict
+
+import numpy as np
+
+MODES = ("sync", "async", "hybrid")
+SAMPLES = 4000  # Monte Carlo steps per expectation
+SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A data-parallel job: its compute, its model's size and its network."""
+
+    ranks: int
+    step_ms: float                  # median compute time of one step on one rank
+    grad_mb: float                  # gradient (= model) size, MB (10**6 bytes)
+    link_gbit: float                # link between hosts, Gbit/s
+    ranks_per_host: int = 1
+    host_gbit: float = 100.0        # link inside a host, Gbit/s
+    latency_us: float = 50.0        # α: one message's latency, microseconds
+    batch: int = 64                 # samples per rank and step
+    straggler: float = 1.0          # rank 0 is this many times slower (1: none)
+    tail_sigma: float = 0.0         # lognormal shape of per-step delays (0: none)
+    period: int = 8                 # hybrid: inner steps per round
+    local_steps: str = "auto"       # hybrid: fixed | auto
+    ps: int = 1                     # async: parameter servers
+
+    def __post_init__(self):
+        checks = [(self.ranks >= 1, "ranks", ">= 1"), (self.step_ms > 0, "step_ms", "> 0"),
+                  (self.grad_mb > 0, "grad_mb", "> 0"), (self.link_gbit > 0, "link_gbit", "> 0"),
+                  (self.host_gbit > 0, "host_gbit", "> 0"), (self.latency_us >= 0, "latency_us", ">= 0"),
+                  (self.ranks_per_host >= 1 and self.ranks % self.ranks_per_host == 0, "ranks_per_host",
+                   "a divisor of ranks"), (self.batch >= 1, "batch", ">= 1"),
+                  (self.straggler >= 1, "straggler", ">= 1"), (self.tail_sigma >= 0, "tail_sigma", ">= 0"),
+                  (self.period >= 1, "period", ">= 1"), (self.local_steps in ("fixed", "auto"), "local_steps",
+                                                           "fixed or auto"), (self.ps >= 1, "ps", ">= 1")]
+        for ok, name, want in checks:
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name)!r}: use {want}")
+
+    @property
+    def hosts(self) -> int:
+        return self.ranks // self.ranks_per_host
+
+    @property
+    def grad_bytes(self) -> float:
+        return self.grad_mb * 1e6
+
+
+def allreduce_seconds(members: int, size: float, gbit: float, latency_s: float) -> float:
+    """A ring allreduce of `size` bytes over `members` on links of `gbit` Gbit/s."""
+    if members <= 1:
+        return 0.0
+    return 2 * (members - 1) * latency_s + 2 * (members - 1) / members * size * 8 / (gbit * 1e9)
+
+
+def compute_seconds(job: Job, steps: int = SAMPLES, seed: int = SEED) -> np.ndarray:
+    """(steps, ranks) compute times: the median step, rank 0's persistent factor, and a
+    lognormal per-step delay of mean 1."""
+    rng = np.random.default_rng(seed)
+    base = np.full(job.ranks, job.step_ms / 1e3)
+    base[0] *= job.straggler
+    if job.tail_sigma == 0:
+        return np.tile(base, (steps, 1))
+    sigma = job.tail_sigma
+    delay = rng.lognormal(-sigma * sigma / 2, sigma, size=(steps, job.ranks))  # mean 1
+    return base * delay
+
+
+def _cross_host_gbit(job: Job) -> float:
+    return min(job.link_gbit, job.host_gbit) if job.hosts > 1 else job.host_gbit
+
+
+def predict(job: Job) -> Dict[str, float]:
+    """Samples per second of each mode."""
+    times = compute_seconds(job)
+    latency = job.latency_us / 1e6
+    size = job.grad_bytes
+    sync_step = times.max(axis=1).mean() + allreduce_seconds(job.ranks, size, _cross_host_gbit(job), latency)
+    sync = job.ranks * job.batch / sync_step
+
+    # async: one ps link carries 2B per update (push, pull) split over the servers.
+    per_update = 2 * size * 8 / (job.link_gbit * 1e9 * job.ps) + 2 * latency
+    worker_rates = 1.0 / (times.mean(axis=0) + per_update)
+    capacity = job.ps * job.link_gbit * 1e9 / (2 * size * 8)
+    async_rate = min(worker_rates.sum(), capacity) * job.batch
+
+    # hybrid: groups are hosts; the cross-host average every round.
+    groups = times.reshape(len(times), job.hosts, job.ranks_per_host).max(axis=2)
+    inner = allreduce_seconds(job.ranks_per_host, size, job.host_gbit, latency)
+    group_step = groups.mean(axis=0) + inner          # each group's mean step
+    cross = allreduce_seconds(job.hosts, size, job.link_gbit, latency)
+    if job.local_steps == "fixed" or job.hosts == 1:
+        round_time = _mean_round(groups, job.period) + job.period * inner + cross
+        samples = job.ranks * job.batch * job.period
+    else:
+        fastest = group_step.min()
+        steps = np.maximum(1, np.round(job.period * fastest / group_step))
+        round_time = float((steps * group_step).max()) + cross
+        samples = float(steps.sum()) * job.ranks_per_host * job.batch
+    hybrid = samples / round_time
+    return {"sync": sync, "async": async_rate, "hybrid": hybrid}
+
+
+def _mean_round(groups: np.ndarray, period: int) -> float:
+    """Mean over rounds of the slowest group's `period` steps (the groups wait for each other
+    only at the round)."""
+    usable = (len(groups) // period) * period
+    per_round = groups[:usable].reshape(-1, period, groups.shape[1]).sum(axis=1)
+    return float(per_round.max(axis=1).mean())
+
+
+def best(predicted: Dict[str, float]) -> str:
+    """The mode of highest throughput (ties go to the first of sync, async, hybrid)."""
+    return max(MODES, key=lambda m: (predicted[m], -MODES.index(m)))
