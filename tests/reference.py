@@ -214,7 +214,14 @@ def elastic_round(params, center, residuals, compression, ratio, error_feedback,
 def compressed_mean_training(kernel, bias, x, y, compression, ratio=0.01, error_feedback=True, lr=LR):
     """SGD in sync mode with compression, in float32: each replica compresses its gradient plus
     its residual, every replica applies the mean of the decompressed payloads, and keeps what
-    its payload left out. fp16 payloads are summed in float16 (as the allreduce does)."""
+    its payload left out (with `error_feedback`; without, the residual stays zero).
+
+    fp16, as the exchange documents it (communicators.CrossGroupAllreduce): each rank's
+    compensated float32 gradient is cast to float16, the float16 payloads are summed by one
+    allreduce in float16, the sum is cast to float32 and divided by the number of ranks in
+    float32. Here the float16 sum is NumPy's float16 addition (each addition rounded to
+    float16), in rank order: for two ranks that is the one correctly rounded sum, whatever the
+    order; for more, Horovod's ring may add in another order and round differently."""
     params = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     replicas = x.shape[1]
     residuals = [np.zeros(_flat(params).size, np.float32) for _ in range(replicas)]

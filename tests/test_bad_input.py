@@ -21,8 +21,9 @@ scripts/train.py's own flags
   --compute_slow_worker  abc (by hand)
   absl's own (--verbosity, --logtostderr, ...)  an unknown flag (--no_such_flag)
 tfsyncmodes' flags = TFSYNC_* variables = config-file keys (one parser per knob; every knob has
-  its bad values in BAD_KNOB_VALUES, swept in test_every_knob_refuses_bad_values_naming_its_variable,
-  and test_every_knob_has_bad_values fails for a knob without): numbers abc, -1e30, 1e30, nan,
+  its bad values in BAD_KNOB_VALUES, swept in one process through all four sources by
+  test_every_knob_refuses_bad_values_from_every_source; test_every_knob_has_bad_values fails for
+  a knob without, or without its parser kind's values (BAD_BY_PARSER)): numbers abc, -1e30, 1e30, nan,
   inf, true, out of their bounds, 2.5 for integers; the old numeric sentinels (clip_norm 0,
   max_staleness -1, group_size 0, outer_lr 0, local_steps 3, ...: tests/test_knobs.py names the
   word each one says to use); booleans maybe, 2; choices bogus; --sync_mode_schedule bogus,
@@ -60,6 +61,8 @@ import pytest
 
 from tests.conftest import PYTHON, REPO, clean_env
 from tfsyncmodes import cluster, config, knobs
+from tfsyncmodes import flags as flag_defs
+from tfsyncmodes.knob_types import Boolean, Choice, Number, Text
 from tfsyncmodes.errors import ConfigError, at_least
 from tfsync_testbed import localrun
 
@@ -239,13 +242,13 @@ NUMBER = ["abc", "-1e30", "1e30", "nan", "inf", "true"]
 INTEGER = NUMBER + ["2.5"]
 # Bad values of every knob, by knob (test_every_knob_has_bad_values fails when a knob has none).
 BAD_KNOB_VALUES = {
-    "mode": ["bogus", ""], "backend": ["nccl"], "mode_schedule": ["bogus", "sync:150%"],
-    "collective_timeout": NUMBER + ["0.5"], "slow_worker": ["x", "1:0.5", "-1:2", "1:4@60%-30%"],
+    "mode": ["bogus", ""], "backend": ["nccl", "bogus"], "mode_schedule": ["bogus", "sync:150%"],
+    "collective_timeout": NUMBER + ["0.5"], "slow_worker": ["x", "bogus", "1:0.5", "-1:2", "1:4@60%-30%"],
     "ps_shards": INTEGER + ["0"], "min_shard_bytes": INTEGER + ["0"],
     "clip_norm": NUMBER + ["0", "-1", "on"], "staleness_aware_lr": ["maybe", "2"],
     "lr_decay": NUMBER + ["0", "auto"], "max_staleness": INTEGER + ["-1", "-2", "auto"],
     "delay_compensation": NUMBER + ["0"],
-    "group_size": INTEGER + ["0", "-1", "auto"], "groups": ["0,1;1", "a", "0;;1"],
+    "group_size": INTEGER + ["0", "-1", "auto"], "groups": ["0,1;1", "a", "0;;1", "bogus"],
     "compression": ["bogus", "gzip"], "topk_ratio": NUMBER + ["0"], "error_feedback": ["maybe", "2"],
     "staleness": INTEGER + ["-1", "1001"], "period": INTEGER + ["0"], "cross_group": ["bogus"],
     "outer_optimizer": ["bogus"], "outer_lr": NUMBER + ["0", "off"], "outer_momentum": NUMBER + ["1"],
@@ -255,19 +258,64 @@ BAD_KNOB_VALUES = {
 }
 
 
+# The bad values every parser of its kind must refuse (a knob's own list may add more). A
+# parser of another kind fails test_every_knob_has_bad_values until it has a row here.
+BAD_BY_PARSER = {
+    Number: lambda parse: NUMBER + (["2.5"] if parse.type is int else []),
+    Boolean: lambda parse: ["maybe", "2"],
+    Choice: lambda parse: ["bogus"],
+    Text: lambda parse: ["bogus"],
+}
+
+
+def generic_bad_values(knob):
+    parse = knob.parse
+    for kind, values in BAD_BY_PARSER.items():
+        if isinstance(parse, kind):
+            return values(parse)
+    raise AssertionError(f"knob {knob.key}: no bad values known for its parser {parse!r}: add them to BAD_BY_PARSER")
+
+
 def test_every_knob_has_bad_values():
-    assert set(BAD_KNOB_VALUES) == set(knobs.KNOBS_BY_KEY), "give every knob bad values here"
+    """Every knob of KNOBS has a list here, and it holds what its parser's kind must refuse."""
+    missing = sorted(set(knobs.KNOBS_BY_KEY) - set(BAD_KNOB_VALUES))
+    assert not missing, f"give these knobs bad values in BAD_KNOB_VALUES: {missing}"
+    assert not set(BAD_KNOB_VALUES) - set(knobs.KNOBS_BY_KEY), "BAD_KNOB_VALUES names a knob that is gone"
+    for knob in knobs.KNOBS:
+        absent = [v for v in generic_bad_values(knob) if v not in BAD_KNOB_VALUES[knob.key]]
+        assert not absent, f"knob {knob.key}: BAD_KNOB_VALUES lacks {absent}"
 
 
-@pytest.mark.parametrize("knob", knobs.KNOBS, ids=lambda k: k.key)
-def test_every_knob_refuses_bad_values_naming_its_variable(knob):
-    for value in BAD_KNOB_VALUES.get(knob.key, ()):
-        with pytest.raises(ConfigError) as raised:
-            config.resolve(environ={knob.env: value} if value else {}, overrides={knob.key: value} if not value else None,
-                           use_flags=False)
-        source = f"environment: {knob.env}: " if value else f"argument: {knob.key}: "
-        assert str(raised.value).startswith(source), (value, str(raised.value))
-        assert raised.value.fix, (value, str(raised.value))  # every refusal says what to give instead
+def refused(source, value, call):
+    try:
+        call()
+    except ConfigError as error:
+        message = str(error)
+        assert message.startswith(source), (source, message)
+        assert error.fix, message  # every refusal says what to give instead
+        return message
+    pytest.fail(f"{source}{value!r} was accepted")
+
+
+def test_every_knob_refuses_bad_values_from_every_source(tmp_path):
+    """Each bad value of each knob, in this one process (the parsers are pure Python): as its
+    TFSYNC_* variable, its --sync_ flag, its config-file key and a code argument, one
+    ConfigError naming that source and field, with a fix."""
+    path = tmp_path / "bad.yaml"
+    for knob in knobs.KNOBS:
+        values = BAD_KNOB_VALUES[knob.key]
+        assert values, knob.key
+        for value in values:
+            refused(f"argument: {knob.key}: ", value,
+                    lambda: config.resolve(overrides={knob.key: value}, environ={}, use_flags=False))
+            if value == "":  # an empty variable, flag or key means the default
+                continue
+            refused(f"environment: {knob.env}: ", value,
+                    lambda: config.resolve(environ={knob.env: value}, use_flags=False))
+            refused(f"flag: --{knob.flag}: ", value, lambda: flag_defs.parse_known(["prog", f"--{knob.flag}={value}"]))
+            path.write_text(f"{knob.key}: {value}\n")
+            refused(f"config file {path}: {knob.key}: ", value,
+                    lambda: config.resolve(environ={"TFSYNC_CONFIG": str(path)}, use_flags=False))
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), -1.0])

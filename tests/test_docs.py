@@ -37,6 +37,15 @@ def test_knob_reference_is_the_knob_table():
         assert f"## `{knob.key}`" in page and f"`--{knob.flag}`" in page and f"`{knob.env}`" in page
 
 
+def test_testing_page_names_every_knob():
+    """docs/TESTING.md names every knob's --sync_ flag (in the row of the promise that knob serves,
+    or in its tolerance), so that a new knob shows up there with the test that proves it."""
+    with open(os.path.join(REPO, "docs", "TESTING.md"), encoding="utf-8") as handle:
+        page = handle.read()
+    missing = [knob.flag for knob in knobs.KNOBS if not re.search(rf"`--{knob.flag}[`=]", page)]
+    assert not missing, f"docs/TESTING.md does not name --{', --'.join(missing)}"
+
+
 def test_readme_links_to_pages_that_exist():
     links = re.findall(r"\]\(([^)\s]+)\)", _readme())
     local = [link for link in links if not re.match(r"[a-z]+://", link)]

@@ -245,18 +245,69 @@ KERAS3 = {**SCENARIOS, **AS_PERIODIC, **ELASTIC}  # one job runs them all
 AUTO_STEPS = {"auto_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 2, "cross_group": "periodic",
                             "local_steps": "auto", "slow_worker": "1:4.0"}}
 
+# --sync_local_steps=auto with groups of comparable speeds (rank 1 sleeps 0.325 s a step, rank 3
+# 0.5 s), so that the slower group's share, 4 x ~0.65, is neither 1 nor H = 4 and rounds to 3.
+AUTO_PARTIAL = {"auto_partial": {"compression": "none", "period": 4, "cross_group": "periodic",
+                                 "local_steps": "auto", "sleep_after_step": {"1": 0.325, "3": 0.5}}}
+
 # The period as its own knob, 3 inner steps between averages.
 FIXED_STEPS = {"periodic_period_3": {"compression": "none", "period": 3, "cross_group": "periodic"}}
 
 
+def speed_plan(step_times, left, epoch, period):
+    """The next round's inner steps per group by the rule local_steps.py documents, written
+    here on its own: the fastest group runs H = period steps, group g round(H * t_fastest / t_g),
+    at least 1 and at most H; then no more than the steps it has left in the epoch (at least 1),
+    or, once a group has none left (the epoch is over), than the next epoch's steps; H for
+    every group while the epoch's steps or the times are unknown."""
+    fastest = min(step_times)
+    speed = [period if fastest <= 0 else min(period, max(1, round(period * fastest / t))) for t in step_times]
+    if any(n < 0 for n in left):
+        return [period] * len(step_times)
+    bound = [epoch] * len(left) if any(n <= 0 for n in left) else list(left)
+    return [min(s, max(b, 1)) for s, b in zip(speed, bound)]
+
+
+def sleeps_of(knobs):
+    """{rank: seconds} the worker sleeps after every step in this scenario."""
+    sleeps = {int(r): float(t) for r, t in knobs.get("sleep_after_step", {}).items()}
+    if knobs.get("slow_worker"):
+        index, factor = knobs["slow_worker"].split(":")
+        sleeps[int(index)] = float(factor) / 4.0
+    return sleeps
+
+
+def check_speed_rule(workers, knobs, rounds, steps):
+    """Every round's steps from the step times the run recorded at the round before, by the
+    documented rule (the first round: min(H, the epoch's steps) for every group); the times
+    are the same on every rank, and each group's is at least its slowest rank's sleep."""
+    period = knobs["period"]
+    times, left, epoch = workers[0]["round_times"], workers[0]["round_left"], workers[0]["round_epoch"]
+    for w in workers:  # allgathered: every rank planned from the same figures
+        np.testing.assert_array_equal(w["round_times"], times)
+        np.testing.assert_array_equal(w["round_left"], left)
+    assert times.shape == rounds.shape and list(epoch) == [steps] * len(rounds), (times, epoch)
+    sleeps = sleeps_of(knobs)
+    for g, ranks in enumerate(workers[0]["groups"]):
+        assert (times[:, g] >= 0.9 * max(sleeps.get(int(r), 0.0) for r in ranks)).all(), times
+    assert list(rounds[0]) == [min(period, steps)] * rounds.shape[1], rounds
+    for r in range(1, len(rounds)):
+        want = speed_plan([float(t) for t in times[r - 1]], [int(n) for n in left[r - 1]], int(epoch[r - 1]), period)
+        assert list(rounds[r]) == want, (r, rounds, times, left)
+
+
 def check_local_steps(workers, knobs, steps, tolerance):
     """The recorded rounds: the same on every rank, unequal (the slowed group runs fewer inner
-    steps), each group's steps in the epoch, and the weights against NumPy's replay of them."""
+    steps), planned from the recorded step times by the documented rule, each group's steps in
+    the epoch, and the weights against NumPy's replay of them."""
     groups = [list(g) for g in workers[0]["groups"]]
     rounds = workers[0]["round_steps"]
     for w in workers:
         np.testing.assert_array_equal(w["round_steps"], rounds)
-    slow = [g for g, ranks in enumerate(groups) if 1 in ranks][0]
+    sleeps = sleeps_of(knobs)
+    slowest = max(sleeps, key=sleeps.get)
+    slow = [g for g, ranks in enumerate(groups) if slowest in ranks][0]
+    check_speed_rule(workers, knobs, rounds, steps)
     assert rounds.shape[1] == 2 and rounds.min() >= 1, rounds
     assert rounds[:, 1 - slow].sum() == steps, rounds  # the fast group ran the whole epoch
     assert any(r[slow] < r[1 - slow] for r in rounds), rounds  # ... and more steps per round
@@ -281,6 +332,21 @@ def check_local_steps(workers, knobs, steps, tolerance):
     unweighted, _ = reference.local_steps_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
                                                    rounds, weighted=False, **options)
     assert np.abs(unweighted[0][0] - want[0][0]).max() > 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_local_steps_auto_plans_each_round_by_the_speed_rule(tmp_path):
+    """Two groups whose slowest ranks sleep 0.325 s and 0.5 s a step, 8 steps, H = 4: every
+    round's steps equal round(H * t_fastest / t_g) of the step times the run recorded (and
+    clipped as documented), the slower group running a share that is neither 1 nor H; the
+    weights equal NumPy's replay of those rounds."""
+    steps = 8
+    results = run_scenarios(tmp_path, AUTO_PARTIAL, steps, TFSYNC_GROUP_SIZE=2)
+    workers = results["auto_partial"]
+    check_local_steps(workers, AUTO_PARTIAL["auto_partial"], steps, tolerance=1e-6)
+    rounds = workers[0]["round_steps"]
+    assert any(1 < r[1] < 4 for r in rounds), rounds  # the rule made a share between the bounds
 
 
 def run_scenarios(tmp_path, scenarios, steps, **env):

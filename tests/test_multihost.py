@@ -2,11 +2,15 @@
 each run checked like its single-host twin (same NumPy references, same bars).
 
 Only the namespaces' own addresses (10.213.77.0/24, on a bridge the test creates and removes)
-are ever targeted. Tests skip, saying why, where namespaces or OpenSSH are not available.
+are ever targeted. Tests skip, saying why, where the bed cannot be built by design (not root,
+or `ip` or `tc` not installed) or OpenSSH is not installed; as root with those tools, a bed that
+fails to build fails the test (host_bed).
 """
+import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -25,13 +29,33 @@ STEPS_PER_EPOCH = 1437 // 64
 HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 
 
-@pytest.fixture
-def bed():
+def why_no_bed():
+    """Why this machine cannot have a bed by design (None: it can): not root, no `ip`, or no
+    `tc` (the bed's link shaping)."""
+    reason = netns.why_unavailable()
+    if reason is None and shutil.which("tc") is None:
+        reason = "the `tc` command (iproute2) is not installed"
+    return reason
+
+
+@contextlib.contextmanager
+def host_bed(count=2):
+    """A bed of `count` hosts; skips where the machine cannot have one (why_no_bed), and fails
+    when it should and does not build: as root with `ip` and `tc`, that is a broken bed."""
+    reason = why_no_bed()
+    if reason:
+        pytest.skip(f"no multi-host test bed here: {reason}")
     try:
-        with netns.HostBed(2) as made:
+        with netns.HostBed(count) as made:
             yield made
     except netns.HostBedUnavailable as why:
-        pytest.skip(f"no multi-host test bed here: {why}")
+        pytest.fail(f"the multi-host test bed did not build, as root with ip and tc: {why}")
+
+
+@pytest.fixture
+def bed():
+    with host_bed(2) as made:
+        yield made
 
 
 @pytest.fixture
@@ -94,30 +118,27 @@ def run_all(tasks, timeout):
 # --- the test bed itself ------------------------------------------------------------------
 
 def test_hosts_reach_each_other_and_nothing_is_left_behind():
-    try:
-        with netns.HostBed(2) as bed:
-            a, b = bed.hosts
-            namespaces = [h.namespace for h in bed.hosts]
-            assert (a.address, b.address) == ("10.213.77.1", "10.213.77.2")
-            server = b.popen([PYTHON, "-c", "import socket, sys; s = socket.create_server((sys.argv[1], 5000)); "
-                              "c, _ = s.accept(); c.sendall(c.recv(64).upper())", b.address],
-                             stdout=subprocess.PIPE, text=True)
-            deadline = time.monotonic() + 20
-            while f"{b.address}:5000" not in b.listening() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            reply = a.run([PYTHON, "-c", "import socket, sys; c = socket.create_connection((sys.argv[1], 5000), "
-                           "timeout=10); c.sendall(b'hello'); print(c.recv(64).decode())", "hostB"], timeout=30)
-            assert reply.returncode == 0 and reply.stdout.strip() == "HELLO", reply
-            server.wait(timeout=10)
-            # Each host has its own name, resolving to its own address; the bridge has no address
-            # in the machine's own namespace, so nothing outside the hosts reaches the subnet.
-            names = a.run(["sh", "-c", "hostname; getent hosts hostA hostB"], timeout=20).stdout.split()
-            assert names == ["hostA", "10.213.77.1", "hostA", "10.213.77.2", "hostB"]
-            own = subprocess.run(["ip", "-o", "addr"], stdout=subprocess.PIPE, text=True, check=True).stdout
-            assert netns.SUBNET not in own
-            sleeper = b.popen(["sleep", "600"])
-    except netns.HostBedUnavailable as why:
-        pytest.skip(f"no multi-host test bed here: {why}")
+    with host_bed(2) as bed:
+        a, b = bed.hosts
+        namespaces = [h.namespace for h in bed.hosts]
+        assert (a.address, b.address) == ("10.213.77.1", "10.213.77.2")
+        server = b.popen([PYTHON, "-c", "import socket, sys; s = socket.create_server((sys.argv[1], 5000)); "
+                          "c, _ = s.accept(); c.sendall(c.recv(64).upper())", b.address],
+                         stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while f"{b.address}:5000" not in b.listening() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        reply = a.run([PYTHON, "-c", "import socket, sys; c = socket.create_connection((sys.argv[1], 5000), "
+                       "timeout=10); c.sendall(b'hello'); print(c.recv(64).decode())", "hostB"], timeout=30)
+        assert reply.returncode == 0 and reply.stdout.strip() == "HELLO", reply
+        server.wait(timeout=10)
+        # Each host has its own name, resolving to its own address; the bridge has no address
+        # in the machine's own namespace, so nothing outside the hosts reaches the subnet.
+        names = a.run(["sh", "-c", "hostname; getent hosts hostA hostB"], timeout=20).stdout.split()
+        assert names == ["hostA", "10.213.77.1", "hostA", "10.213.77.2", "hostB"]
+        own = subprocess.run(["ip", "-o", "addr"], stdout=subprocess.PIPE, text=True, check=True).stdout
+        assert netns.SUBNET not in own
+        sleeper = b.popen(["sleep", "600"])
     assert sleeper.wait(timeout=10) == -signal.SIGKILL  # processes on a host end with it
     listed = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
     assert not any(n in listed for n in namespaces)
@@ -127,8 +148,8 @@ def test_hosts_reach_each_other_and_nothing_is_left_behind():
 
 @pytest.mark.timeout(120)
 def test_a_bed_whose_owner_was_killed_is_removed_by_the_next():
-    if netns.why_unavailable():
-        pytest.skip(netns.why_unavailable())
+    if why_no_bed():
+        pytest.skip(why_no_bed())
     owner = subprocess.Popen([PYTHON, "-c", "import time; "
                               "from tfsync_testbed import netns; bed = netns.HostBed(2).__enter__(); "
                               "print(bed.hosts[0].namespace, bed.bridge, flush=True); time.sleep(600)"],

@@ -4,7 +4,9 @@
 
 SCENARIOS_JSON maps a scenario name to knob overrides (compression, staleness, ...), or to
 {"composed": SETTINGS}: a periodic exchange composed in Python from typed parts (see
-composed_exchange), passed as strategy.wrap(optimizer, exchange=...). The groups come from the
+composed_exchange), passed as strategy.wrap(optimizer, exchange=...). A scenario's
+"sleep_after_step": {RANK: SECONDS} makes those ranks sleep after every step (stragglers of
+chosen speeds; --sync_slow_worker=INDEX:FACTOR among the knobs sleeps FACTOR / 4 seconds). The groups come from the
 environment (TFSYNC_GROUP_SIZE / TFSYNC_GROUPS). Every rank gets its own
 rows of a dataset every process can rebuild from the seed, and starts from its own weights,
 so equal results prove the initial broadcast. Saves OUTDIR/<scenario>.rank<R>.npz.
@@ -58,9 +60,9 @@ def main(argv):
         --sync_slow_worker=INDEX:FACTOR), far above a step of this model on a loaded host, from the
         first step on."""
 
-        def __init__(self, factor):
+        def __init__(self, seconds):
             super().__init__()
-            self.seconds = factor / 4.0
+            self.seconds = seconds
 
         def on_train_batch_end(self, batch, logs=None):
             time.sleep(self.seconds)
@@ -89,6 +91,7 @@ def main(argv):
     for name, overrides in json.loads(args.scenarios).items():
         overrides = dict(overrides)
         composed = overrides.pop("composed", None)
+        sleeps = {int(r): float(t) for r, t in overrides.pop("sleep_after_step", {}).items()}
         knobs = config_lib.resolve(dict(overrides, mode="hybrid"), environ={
             k: v for k, v in os.environ.items() if k.startswith("TFSYNC_")}, use_flags=False)
         with strategy.scope():
@@ -104,13 +107,17 @@ def main(argv):
         rounds = RoundsApplied()
         # A scenario's own straggler (--sync_slow_worker among its knobs), after the required callbacks.
         factor = slow_worker_factor(knobs, rank)
-        slow = [SleepAfterStep(factor)] if factor > 1.0 and not base.slow_worker else []
+        slow = [SleepAfterStep(factor / 4.0)] if factor > 1.0 and not base.slow_worker else []
+        slow += [SleepAfterStep(sleeps[rank])] if rank in sleeps else []
         history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0,
                                callbacks=[rounds] + slow)
         found = links(model.optimizer)
         policy = model.optimizer.exchange.find(CrossGroupPolicy)
         recorded = getattr(policy[0], "recorded_rounds", None) if policy else None
         round_steps = recorded() if recorded else np.zeros((0, 0), np.int64)
+        plan_inputs = getattr(policy[0], "recorded_plan_inputs", None) if policy else None
+        round_times, round_left, round_epoch = (plan_inputs() if plan_inputs else
+                                                (np.zeros((0, 0)), np.zeros((0, 0), np.int64), np.zeros(0, np.int64)))
         local_steps = {k: v[-1] for k, v in history.history.items() if k.startswith("local_steps")}
         final = model.get_weights()
         center = [np.asarray(v) for v in model.optimizer.variables
@@ -127,6 +134,7 @@ def main(argv):
                  optimizer_class=type(model.optimizer).__name__, groups_knob=base.groups,
                  center=center[0] if center else np.zeros(0, np.float32),
                  round_steps=round_steps, local_steps=json.dumps(local_steps),
+                 round_times=round_times, round_left=round_left, round_epoch=round_epoch,
                  description=strategy.describe())
 
 

@@ -1,10 +1,11 @@
 """Trains a linear model for a few steps in sync mode and saves what the test needs to check it.
 
-    python sync_steps.py OUTDIR [--optimizer=sgd|adam] [--steps=N] [--logical_cpus=N]
+    python sync_steps.py OUTDIR [--optimizer=sgd|adam] [--steps=N] [--logical_cpus=N] [--sync_...]
 
 Runs under horovodrun, under a TF_CONFIG cluster, or alone (MirroredStrategy). Every replica
 gets its own rows of a dataset that every process can rebuild from the seed; each worker
 starts from different initial weights, so identical results prove the initial broadcast.
+tfsyncmodes' own ``--sync_`` flags are left to it (it reads them from the command line).
 """
 import os
 import sys
@@ -23,7 +24,7 @@ def main(argv):
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--logical_cpus", type=int, default=0)
     parser.add_argument("--backend", default=None)
-    args = parser.parse_args(argv)
+    args, _ = parser.parse_known_args(argv)  # the --sync_ flags are tfsyncmodes'
 
     import tensorflow as tf
 

@@ -30,7 +30,8 @@ round, steps left in the epoch), and every rank derives the same next plan from 
 
 State: the plan, the steps since the last round, the round count and each group's total
 inner steps are optimizer state (``state`` factory); the step-time measurements and the
-record of the last rounds (:attr:`round_log`, for logs and tests) belong to this process.
+record of the last rounds (:attr:`round_log`, and the figures each round's plan was made
+from, :meth:`recorded_plan_inputs`; for logs and tests) belong to this process.
 
 The round itself is periodic averaging's (:class:`~tfsyncmodes.exchange.policies.RoundPolicy`
 runs both): this policy decides when a round is due (:meth:`SpeedProportionalAverage.due`,
@@ -62,7 +63,7 @@ class SpeedProportionalAverage(PeriodicAverage):
     def __init__(self, link: CrossGroupLink, period: int = 8, warmup_steps: int = 0, outer=None):
         super().__init__(link, period, warmup_steps, outer)
         self.plan = self.since = self.rounds = self.totals = None
-        self.round_log = None
+        self.round_log = self.round_inputs = None
         self._step_time = self._last_end = self._epoch_steps = self._epoch_step = self._epoch_over = None
         self._pending_steps = -1
         self._epoch_start = None
@@ -89,6 +90,10 @@ class SpeedProportionalAverage(PeriodicAverage):
             self._epoch_step = var(0, tf.int64, "local_steps_epoch_step")
             self._epoch_over = var(False, tf.bool, "local_steps_epoch_over")
             self.round_log = var(tf.zeros([ROUND_LOG, groups], tf.int64), tf.int64, "local_steps_round_log")
+            # Per round, what its plan was made from: each group's step time, each group's
+            # steps left in the epoch, and the epoch's steps.
+            self.round_inputs = var(tf.zeros([ROUND_LOG, 2 * groups + 1], tf.float64), tf.float64,
+                                    "local_steps_round_inputs")
 
     # --- in the step -------------------------------------------------------------------------
 
@@ -146,8 +151,10 @@ class SpeedProportionalAverage(PeriodicAverage):
         bound = tf.where(over, tf.fill([groups], epoch), left)
         plan = tf.where(known, tf.minimum(speed, tf.maximum(bound, 1)), tf.fill([groups], h_max))
         count = self.rounds.assign_add(1)
+        inputs = tf.concat([step_time, tf.cast(left, f64), tf.cast(epoch, f64)[None]], axis=0)
         planned = tf.group(
             self.totals.assign_add(steps), self.round_log[(count - 1) % ROUND_LOG].assign(steps),
+            self.round_inputs[(count - 1) % ROUND_LOG].assign(inputs),
             self.plan.assign(plan), self.since.assign(0), self._epoch_over.assign(over))
         with tf.control_dependencies([planned]):
             return tf.identity(mean_change)
@@ -192,8 +199,20 @@ class SpeedProportionalAverage(PeriodicAverage):
     def recorded_rounds(self) -> np.ndarray:
         """[rounds, groups]: the inner steps each group ran in each round so far (at most the
         last ROUND_LOG rounds)."""
+        return self._in_order(self.round_log.numpy())
+
+    def recorded_plan_inputs(self):
+        """What each round's plan (the next round's steps) was made from, for the rounds of
+        :meth:`recorded_rounds`: ([rounds, groups] each group's step time in seconds, [rounds,
+        groups] each group's steps left in the epoch (-1: unknown), [rounds] the epoch's
+        steps)."""
+        inputs = self._in_order(self.round_inputs.numpy())
+        groups = self.num_groups
+        return (inputs[:, :groups], inputs[:, groups:2 * groups].astype(np.int64),
+                inputs[:, 2 * groups].astype(np.int64))
+
+    def _in_order(self, log: np.ndarray) -> np.ndarray:
         rounds = int(self.rounds.numpy())
-        log = self.round_log.numpy()
         if rounds <= ROUND_LOG:
             return log[:rounds]
         start = rounds % ROUND_LOG
