@@ -79,6 +79,14 @@ def _unflat(flat, like):
     return out
 
 
+def resolved_outer_momentum(outer_momentum, period):
+    """The documented auto: DiLoCo's 0.9 for rounds of 500 inner steps or more, 0.3 below."""
+    if outer_momentum != "auto":
+        return outer_momentum
+    assert period is not None, "auto outer momentum needs the period"
+    return 0.9 if period >= 500 else 0.3
+
+
 def outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr, outer_momentum):
     """The outer optimizer on the groups' mean change: (next anchor, next velocity)."""
     if outer_optimizer == "nesterov":
@@ -121,7 +129,7 @@ def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
 def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0.01,
                     error_feedback=True, staleness=0, cross_group="stale", warmup_steps=0, lr=LR,
                     consensus=True, schedule=None, staleness_aware_lr=True, outer_optimizer="average",
-                    outer_lr="auto", outer_momentum=0.9, elastic_alpha="auto", period=1):
+                    outer_lr="auto", outer_momentum="auto", elastic_alpha="auto", period=1):
     """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias],
     with `consensus`, at the end every group holds the mean over all ranks (the final model average).
 
@@ -183,7 +191,8 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
             deltas = [_flat(p) - anchor for p in params]
             sent, others = _cross_group_send(deltas, residuals, compression, topk_ratio, error_feedback)
             mean_change = ((sent[0] + others[0]) / np.float32(len(groups))).astype(np.float32)
-            anchor, velocity = outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr, outer_momentum)
+            anchor, velocity = outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr,
+                                          resolved_outer_momentum(outer_momentum, period))
             params = [_unflat(anchor, start) for _ in groups]
         if cross_group == "elastic" and ((step + 1) % period == 0 or step < warmup_steps):
             params, anchor = elastic_round(params, anchor, residuals, compression, topk_ratio,
@@ -246,7 +255,8 @@ def compressed_mean_training(kernel, bias, x, y, compression, ratio=0.01, error_
 
 
 def local_steps_training(kernel, bias, x, y, groups, round_steps, compression="none", topk_ratio=0.01,
-                         error_feedback=True, outer_optimizer="average", outer_lr="auto", outer_momentum=0.9,
+                         error_feedback=True, outer_optimizer="average", outer_lr="auto", outer_momentum="auto",
+                         period=None,
                          lr=LR, consensus=True, weighted=True):
     """Periodic averaging with speed-proportional local steps (``--sync_local_steps=auto``), replaying
     the schedule a run recorded: in round r group g runs `round_steps[r][g]` SGD steps on its own
@@ -275,7 +285,8 @@ def local_steps_training(kernel, bias, x, y, groups, round_steps, compression="n
         weighted_changes = [(weights[g] * (_flat(params[g]) - anchor)).astype(np.float32) for g in range(len(groups))]
         sent, others = _cross_group_send(weighted_changes, residuals, compression, topk_ratio, error_feedback)
         mean_change = (sent[0] + others[0]).astype(np.float32)
-        anchor, velocity = outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr, outer_momentum)
+        anchor, velocity = outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr,
+                                      resolved_outer_momentum(outer_momentum, period))
         params = [_unflat(anchor, start) for _ in groups]
     if not consensus or len(groups) == 1:
         return params, position

@@ -320,7 +320,8 @@ def check_local_steps(workers, knobs, steps, tolerance):
             assert logged[f"local_steps_group{g}"] == pytest.approx(rounds[:, g].mean())
     x, y = reference.linear_data(steps, 4)
     options = {k: v for k, v in knobs.items()
-               if k in ("compression", "topk_ratio", "error_feedback", "outer_optimizer", "outer_lr", "outer_momentum")}
+               if k in ("compression", "topk_ratio", "error_feedback", "outer_optimizer", "outer_lr", "outer_momentum",
+                        "period")}
     want, used = reference.local_steps_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
                                                 rounds, **options)
     assert used == [int(rounds[:, g].sum()) for g in range(2)]

@@ -13,6 +13,19 @@ import tensorflow as tf
 
 from tfsyncmodes.registry import OUTER_OPTIMIZERS
 
+DILOCO_PERIOD = 500  # inner steps per round DiLoCo's outer settings (lr 0.7, momentum 0.9) were tuned at
+
+
+def momentum_for_period(period: int) -> float:
+    """The Nesterov outer momentum for rounds of `period` inner steps: DiLoCo's 0.9 from
+    ``DILOCO_PERIOD`` on; 0.3 for shorter rounds, where 0.9 keeps pushing along directions the
+    inner optimizer has already taken (digits, 4 ranks in 2 groups, Adam inside, 5 epochs, test
+    accuracy against sync's 0.983 / 0.964 over two seeds: at period 8, momentum 0.9 reached
+    0.917 / 0.900 and 0.3 reached 0.978 / 0.964; at period 32, 0.9 reached 0.964 / 0.953 and
+    0.3 0.981 / ...). With the outer lr 0.7, 0.3 makes the effective outer step
+    lr / (1 - momentum) 1.0, plain averaging's, plus Nesterov's look-ahead."""
+    return 0.9 if period >= DILOCO_PERIOD else 0.3
+
 
 @OUTER_OPTIMIZERS.register("average")
 class AverageOuter:

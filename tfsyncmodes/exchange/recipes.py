@@ -34,6 +34,7 @@ from tfsyncmodes.exchange.groups import knob_field
 from tfsyncmodes.exchange.hybrid import cross_group_link, hybrid_chain
 from tfsyncmodes.exchange.local_steps import SpeedProportionalAverage
 from tfsyncmodes.exchange.memory import Memory, NoMemory, default_memory
+from tfsyncmodes.exchange.outer import momentum_for_period
 from tfsyncmodes.exchange.policies import CrossGroupPolicy, PeriodicAverage
 from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
 from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
@@ -209,11 +210,15 @@ def period(config) -> int:
 
 
 def outer_optimizer(config):
-    """``--sync_outer_optimizer`` with ``--sync_outer_lr`` (0: the optimizer's own default) and
-    ``--sync_outer_momentum``."""
+    """``--sync_outer_optimizer`` with ``--sync_outer_lr`` (auto: the optimizer's own default) and
+    ``--sync_outer_momentum`` (auto: :func:`~tfsyncmodes.exchange.outer.momentum_for_period` of
+    the period)."""
     cls = registry.OUTER_OPTIMIZERS.get(config.outer_optimizer, *knob_field(config, "outer_optimizer"))
     lr = config.outer_lr  # auto: the outer optimizer's own default
-    return cls(**_settings(cls, momentum=config.outer_momentum, **({"lr": lr} if lr != "auto" else {})))
+    momentum = config.outer_momentum
+    if momentum == "auto":
+        momentum = momentum_for_period(period(config))
+    return cls(**_settings(cls, momentum=momentum, **({"lr": lr} if lr != "auto" else {})))
 
 
 def elastic_alpha(config, num_groups: int) -> float:
