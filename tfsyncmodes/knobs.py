@@ -137,7 +137,7 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("topk_ratio", 0.01, Number(float, 1e-6, 1.0),
          "Fraction of entries a Top-K compression (topk, topk_int8, topk_int4, topk_int2) sends each step.",
          given("compression", *TOPK, modes=("sync", "hybrid"), text="compression=topk or topk_int*")),
-    Knob("quantize_clip_sigma", 6.0, Number(float, 0.0, 1e3, above=True),
+    Knob("quantize_sigma", 6.0, Number(float, 0.0, 1e3, above=True),
          "A quantizing compression's range is the tensor's own, clipped to mean +- this many "
          "standard deviations (INTELLECT-1 uses 6); what is clipped stays in the error feedback.",
          given("compression", *QUANTIZED, modes=("sync", "hybrid"), text="compression=int* or topk_int*")),

@@ -11,7 +11,7 @@ in the order of the payloads (so every rank gets the same bits). ``decompress`` 
 is exactly what was sent, so :class:`~tfsyncmodes.exchange.memory.ErrorFeedback` keeps
 exactly what quantization (and Top-K) left out.
 
-Settings: `clip_sigma` (k of μ ± kσ; ``--sync_quantize_clip_sigma``, default 6) and `chunk`
+Settings: `clip_sigma` (k of μ ± kσ; ``--sync_quantize_sigma``, default 6) and `chunk`
 (entries per scale; 0: one scale for the whole tensor); the Top-K ones also Top-K's `ratio`,
 `implementation` and `warmup`.
 """

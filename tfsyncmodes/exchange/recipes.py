@@ -190,10 +190,10 @@ def _settings(cls, **settings) -> dict:
 
 def compressor(config, warmup: Optional[SparsityWarmup] = None) -> Compressor:
     """``--sync_compression``, with ``--sync_topk_ratio`` as a compressor's ``ratio``,
-    ``--sync_quantize_clip_sigma`` as its ``clip_sigma`` and `warmup` as its ``warmup``."""
+    ``--sync_quantize_sigma`` as its ``clip_sigma`` and `warmup` as its ``warmup``."""
     cls = registry.COMPRESSORS.get(config.compression, config.sources.get("compression", "default"),
                                    "compression")
-    settings = dict(ratio=config.topk_ratio, clip_sigma=config.quantize_clip_sigma)
+    settings = dict(ratio=config.topk_ratio, clip_sigma=config.quantize_sigma)
     if warmup is not None:
         settings["warmup"] = warmup
     return cls(**_settings(cls, **settings))
