@@ -122,7 +122,7 @@ def test_a_knob_given_that_has_no_effect_is_one_warning_line(caplog, tmp_path, m
     resolve(mode="hybrid", topk_ratio=0.02)
     resolve(mode="hybrid", topk_ratio=0.02)  # the same run resolving again: no second line
     lines = [r.getMessage() for r in caplog.records if "has no effect" in r.getMessage()]
-    assert lines == ["tfsyncmodes: topk_ratio (argument) has no effect: it applies with compression=topk, "
+    assert lines == ["tfsyncmodes: topk_ratio (argument) has no effect: it applies with compression=topk or topk_int*, "
                      "and this run has mode=hybrid, compression=none"]
     caplog.clear()
     path = tmp_path / "c.yaml"
@@ -149,7 +149,7 @@ def test_flag_not_in_force_warns_once_on_the_command_line():
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if "has no effect" in line]
     assert len(lines) == 1, result.stderr[-3000:]
-    assert lines[0].endswith("tfsyncmodes: --sync_topk_ratio (flag) has no effect: it applies with compression=topk, "
+    assert lines[0].endswith("tfsyncmodes: --sync_topk_ratio (flag) has no effect: it applies with compression=topk or topk_int*, "
                              "and this run has mode=sync, compression=none"), lines
 
 

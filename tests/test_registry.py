@@ -24,7 +24,8 @@ def test_registries_know_their_built_in_names_without_importing_them():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100, cwd=REPO,
                             env=clean_env())
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == ["('sync', 'async', 'hybrid', 'auto') ('none', 'fp16', 'topk') "
+    assert result.stdout.splitlines() == ["('sync', 'async', 'hybrid', 'auto') ('none', 'fp16', 'topk', 'int8', 'int4', 'int2', "
+                                          "'topk_int8', 'topk_int4', 'topk_int2') "
                                           "('stale', 'periodic', 'elastic')", "[]"]
 
 

@@ -70,6 +70,17 @@ _AUTO = dict(words=("auto",), old={0: "auto"})
 _STRAGGLER = When(modes=("sync",), test=lambda v, m: v["switch_policy"] == "straggler" or v["mode"] == "auto",
                   text="switch_policy=straggler (or mode=auto)", keys=("switch_policy",))
 
+TOPK = ("topk", "topk_int8", "topk_int4", "topk_int2")  # the Top-K compressions
+QUANTIZED = ("int8", "int4", "int2", "topk_int8", "topk_int4", "topk_int2")  # the quantizing ones
+
+
+def _dgc(values) -> bool:
+    return bool(values["dgc"]) and values["compression"] in TOPK
+
+
+_DGC = When(("sync",), lambda v, m: _dgc(v), "mode=sync with dgc on and a Top-K compression",
+            ("dgc", "compression"))
+
 KNOBS: Tuple[Knob, ...] = (
     Knob("mode", "sync", Choice(registry.MODES.names),
          "How replicas keep in step: sync (allreduce every step), async (parameter servers), "
@@ -119,14 +130,38 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("compression", "none", Choice(registry.COMPRESSORS.names),
          "Sync (under Horovod): how gradients travel in the allreduce; hybrid: how updates travel "
          "across groups. none (float32), fp16 (half the bytes), topk (the topk_ratio largest "
-         "entries as values + int32 indices, with error feedback).", modes("sync", "hybrid")),
+         "entries as values + int32 indices, with error feedback), int8, int4, int2 (every entry "
+         "as a code of that many bits, packed into bytes, with a float32 offset and scale; "
+         "allgathered), topk_int8, topk_int4, topk_int2 (topk with its values quantized so, "
+         "as SparseLoCo).", modes("sync", "hybrid")),
     Knob("topk_ratio", 0.01, Number(float, 1e-6, 1.0),
-         "Fraction of entries compression=topk sends each step.",
-         given("compression", "topk", modes=("sync", "hybrid"))),
+         "Fraction of entries a Top-K compression (topk, topk_int8, topk_int4, topk_int2) sends each step.",
+         given("compression", *TOPK, modes=("sync", "hybrid"), text="compression=topk or topk_int*")),
+    Knob("quantize_sigma", 6.0, Number(float, 0.0, 1e3, above=True),
+         "A quantizing compression's range is the tensor's own, clipped to mean +- this many "
+         "standard deviations (INTELLECT-1 uses 6); what is clipped stays in the error feedback.",
+         given("compression", *QUANTIZED, modes=("sync", "hybrid"), text="compression=int* or topk_int*")),
     Knob("error_feedback", True, Boolean(),
          "Add what compression dropped back into the next step's update.",
-         When(("sync", "hybrid"), lambda v, m: v["compression"] != "none", "compression other than none",
+         When(("sync", "hybrid"), lambda v, m: v["compression"] != "none" and not (m == "sync" and _dgc(v)),
+              "compression other than none (and not dgc in sync)", ("compression", "dgc"))),
+    Knob("dgc", False, Boolean(),
+         "Sync with a Top-K compression: Deep Gradient Compression's corrections. Momentum "
+         "correction with momentum factor masking (each rank accumulates u = dgc_momentum * u + g, "
+         "v = v + u, sends the Top-K of v and zeroes u and v where it sent; the inner optimizer "
+         "should be SGD without momentum), local clipping (dgc_clip_norm) and the sparsity "
+         "warm-up (dgc_warmup_steps).",
+         When(("sync",), lambda v, m: v["compression"] in TOPK, "mode=sync with compression=topk or topk_int*",
               ("compression",))),
+    Knob("dgc_momentum", 0.9, Number(float, 0.0, 0.999),
+         "DGC's momentum m of u = m * u + g.", _DGC),
+    Knob("dgc_clip_norm", "off", Number(float, 0.0, 1e9, above=True, **_OFF),
+         "DGC's local clipping: each rank clips its gradient to this global norm / sqrt(ranks) "
+         "before accumulating it (off: no clipping).", _DGC),
+    Knob("dgc_warmup_steps", 0, Number(int, 0, 1 << 30),
+         "DGC's sparsity warm-up: over the first this many steps Top-K sends 25 %, 6.25 %, "
+         "1.5625 %, ... of the entries (equal shares of the steps), then topk_ratio (0: no warm-up).",
+         _DGC),
     Knob("staleness", 7, Number(int, 0, 1000),
          "A group may apply the other groups' updates at most this many steps late, and run at "
          "most this many steps ahead of the slowest group (0: lockstep).", given("cross_group", "stale")),

@@ -4,8 +4,8 @@
 |---|---|---|---|
 | :data:`MODES` | ``--sync_mode`` | a :class:`tfsyncmodes.strategies.base.Mode` | ``strategies/{sync,hybrid,parameter_server,auto}.py`` |
 | :data:`BACKENDS` | ``--sync_backend`` | a sync-mode strategy class | ``strategies/{horovod,mirrored}.py`` |
-| :data:`COMPRESSORS` | ``--sync_compression`` | a :class:`~tfsyncmodes.exchange.compressors.Compressor` class | ``exchange/compressors.py`` |
-| :data:`MEMORIES` | ``--sync_error_feedback`` | a :class:`~tfsyncmodes.exchange.memory.Memory` class | ``exchange/memory.py`` |
+| :data:`COMPRESSORS` | ``--sync_compression`` | a :class:`~tfsyncmodes.exchange.compressors.Compressor` class | ``exchange/compressors.py``, ``exchange/quantized.py`` |
+| :data:`MEMORIES` | ``--sync_error_feedback``, ``--sync_dgc`` | a :class:`~tfsyncmodes.exchange.memory.Memory` class | ``exchange/memory.py``, ``exchange/dgc.py`` |
 | :data:`CROSS_GROUP` | ``--sync_cross_group`` | a :class:`~tfsyncmodes.exchange.policies.CrossGroupPolicy` class | ``exchange/policies.py``, ``exchange/elastic.py`` |
 | :data:`OUTER_OPTIMIZERS` | ``--sync_outer_optimizer`` | an outer optimizer class (``step(anchor, mean_change)``) | ``exchange/outer.py`` |
 | :data:`SWITCH_PLANS` | ``--sync_mode_schedule``, ``--sync_switch_policy`` | a :class:`~tfsyncmodes.switching.plans.SwitchPlan` class | ``switching/plans.py``, ``switching/policy.py`` |
@@ -73,8 +73,12 @@ BACKENDS = Registry("backend", {"horovod": _S + "horovod:HorovodStrategy",
                                 "multi_worker": _S + "mirrored:MultiWorkerStrategy",
                                 "mirrored": _S + "mirrored:MirroredStrategy"})
 COMPRESSORS = Registry("compression", {"none": _X + "compressors:NoCompression", "fp16": _X + "compressors:FP16",
-                                       "topk": _X + "compressors:TopK"})
-MEMORIES = Registry("memory", {"none": _X + "memory:NoMemory", "residual": _X + "memory:ErrorFeedback"})
+                                       "topk": _X + "compressors:TopK", "int8": _X + "quantized:Int8",
+                                       "int4": _X + "quantized:Int4", "int2": _X + "quantized:Int2",
+                                       "topk_int8": _X + "quantized:TopKInt8", "topk_int4": _X + "quantized:TopKInt4",
+                                       "topk_int2": _X + "quantized:TopKInt2"})
+MEMORIES = Registry("memory", {"none": _X + "memory:NoMemory", "residual": _X + "memory:ErrorFeedback",
+                               "dgc": _X + "dgc:MomentumCorrection"})
 CROSS_GROUP = Registry("cross_group", {"stale": _X + "policies:StaleExchange", "periodic": _X + "policies:PeriodicAverage",
                                        "elastic": _X + "elastic:ElasticAverage"})
 OUTER_OPTIMIZERS = Registry("outer_optimizer", {"average": _X + "outer:AverageOuter",

@@ -32,10 +32,13 @@ from tfsyncmodes.switching.phases import plan as phase_plan
 flags.DEFINE_integer("epochs", 10, "Passes over the training set.")
 flags.DEFINE_integer("batch_size", 64, "Global batch size (split evenly over the replicas).")
 flags.DEFINE_float("learning_rate", None,
-                   "Learning rate (default: 0.01 for Adam in sync and hybrid modes, 0.02 for SGD "
-                   "with --momentum in async mode).")
+                   "Learning rate (default: 0.01 for Adam, 0.02 for SGD with --momentum).")
 flags.DEFINE_float("momentum", 0.9, "Momentum of the SGD optimizer async mode (and a --sync_mode_schedule "
-                   "through async) trains with.", lower_bound=0.0, upper_bound=0.999)
+                   "through async, and --optimizer=sgd) trains with.", lower_bound=0.0, upper_bound=0.999)
+flags.DEFINE_enum("optimizer", "auto", ["auto", "adam", "sgd"],
+                  "auto: Adam in sync and hybrid modes, SGD with --momentum in async mode (and through "
+                  "a --sync_mode_schedule); sgd: SGD with --momentum (--momentum=0 with --sync_dgc, whose "
+                  "momentum correction holds the momentum); adam: Adam.")
 flags.DEFINE_enum("dataset", "digits", ["digits", "synthetic"],
                   "digits: scikit-learn's bundled digits; synthetic: generated, see --synthetic_*.")
 flags.DEFINE_integer("synthetic_samples", 8192, "Examples in the synthetic training set.")
@@ -210,7 +213,8 @@ def train(argv):
 
     with strategy.scope():
         model = build_model(x_train.shape[1])
-        if strategy.mode == "async" or phase is not None:  # one optimizer through every phase
+        sgd = FLAGS.optimizer == "sgd" or (FLAGS.optimizer == "auto" and (strategy.mode == "async" or phase is not None))
+        if sgd:  # one optimizer through every phase
             # SGD with momentum, as the async figures were measured (Adam works too: the
             # staleness remedies then scale its update rather than its gradient).
             optimizer = keras.optimizers.SGD(FLAGS.learning_rate or 0.02, momentum=FLAGS.momentum)

@@ -39,6 +39,11 @@ class CompressedAllreduce(CrossGroupPolicy):
         super().__init__(CrossGroupLink(compressor, memory, InStep(self.communicator, compressor)))
         self.compressor = compressor
 
+    def attach(self, inner_optimizer):
+        check = getattr(self.link.memory, "attach", None)  # a memory may check the optimizer
+        if check is not None:
+            check(inner_optimizer)
+
     def transform(self, grads, variables):
         if not self.active:
             return grads

@@ -18,8 +18,9 @@ constructor's keyword arguments (as ``TopK(ratio=0.01)``), each with a default;
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -53,6 +54,12 @@ class Compressor:
         """(dtype, shape) of each payload tensor for the tensor `ctx` describes."""
         return [(tf.float32, [ctx.size])]
 
+    def sent_mask(self, payload: Payload, ctx: TensorContext) -> tf.Tensor:
+        """float32 [size]: 1 at the entries one payload carries, 0 elsewhere (every entry for a
+        dense compressor)."""
+        del payload
+        return tf.ones([ctx.size], tf.float32)
+
 
 @COMPRESSORS.register("none")
 class NoCompression(Compressor):
@@ -79,35 +86,57 @@ class TopK(Compressor):
 
     `ratio`: the fraction of entries sent, in (0, 1]. `implementation`: ``auto`` (the
     compiled kernels when ``scripts/install.sh`` built them, TensorFlow ops otherwise),
-    ``native`` or ``ops``; both are exact (see :mod:`~tfsyncmodes.exchange.topk`).
+    ``native`` or ``ops``; both are exact (see :mod:`~tfsyncmodes.exchange.topk`). `warmup`: a
+    :class:`~tfsyncmodes.exchange.warmup.SparsityWarmup` whose stage picks the ratio of each
+    step (None: `ratio` from the first step); under it the payload's length changes with the
+    stage, so it is for in-step exchanges (sync mode), not for a background queue.
     """
 
     sparse = True
     lossless = False
 
-    def __init__(self, ratio: float = 0.01, implementation: str = "auto"):
+    def __init__(self, ratio: float = 0.01, implementation: str = "auto", warmup=None):
         if not 0.0 < ratio <= 1.0:
             raise ValueError(f"Top-K ratio {ratio}: use a fraction in (0, 1]")
         self.ratio = ratio
         self.selection = TopKSelection(implementation)
+        self.warmup = warmup
 
     @property
     def implementation(self) -> str:
         """``native`` or ``ops``: the selection in use."""
         return self.selection.implementation
 
-    def k(self, size: int) -> int:
-        return max(1, min(size, int(math.ceil(self.ratio * size - 1e-9))))
+    def k(self, size: int, ratio: Optional[float] = None) -> int:
+        ratio = self.ratio if ratio is None else ratio
+        return max(1, min(size, int(math.ceil(ratio * size - 1e-9))))
+
+    def staged(self, size: int, fn: Callable[[int], object]):
+        """`fn(k)` with the k of this step: the warm-up's stage picks among its ratios' k."""
+        if self.warmup is None:
+            return fn(self.k(size))
+        ks = [self.k(size, r) for r in self.warmup.ratios(self.ratio)]
+        if len(ks) == 1:
+            return fn(ks[0])
+        return tf.switch_case(self.warmup.stage(), [functools.partial(fn, k) for k in ks])
 
     def compress(self, flat, ctx):
         size = ctx.size
         if size >= 2 ** 31:
             raise ValueError(f"{size} entries do not fit int32 indices")
-        return self.selection.select(flat, self.k(size))
+        return self.staged(size, lambda k: self.compress_k(flat, k))
+
+    def compress_k(self, flat, k: int) -> Payload:
+        """The payload of the k entries of largest magnitude."""
+        return self.selection.select(flat, k)
 
     def decompress(self, payload, ctx):
         values, indices = payload
         return self.selection.scatter(values, indices, ctx.size)
+
+    def sent_mask(self, payload, ctx):
+        indices = payload[-1]
+        return self.selection.scatter(tf.ones(tf.shape(indices), tf.float32), indices, ctx.size)
 
     def payload_spec(self, ctx):
         k = self.k(ctx.size)

@@ -6,7 +6,9 @@ wrapper (``tfsyncmodes.keras``) and the strategies ask here; neither repeats the
 
 - ``sync``: nothing under a tf.distribute strategy (it reduces gradients itself) or a single
   process; under Horovod one grouped allreduce per step, or with ``--sync_compression`` the
-  compressed exchange (:class:`~tfsyncmodes.exchange.compressed_allreduce.CompressedAllreduce`).
+  compressed exchange (:class:`~tfsyncmodes.exchange.compressed_allreduce.CompressedAllreduce`);
+  with ``--sync_dgc`` and a Top-K compression, DGC's local clipping, momentum correction and
+  sparsity warm-up around it (:mod:`~tfsyncmodes.exchange.dgc`).
 - ``async``: the step's version record and the staleness remedies (:func:`async_exchange`).
 - ``hybrid``: the dense group mean, then the cross-group policy over a cross-group link
   (:func:`~tfsyncmodes.exchange.hybrid.hybrid_chain`), over the strategy's `groups`.
@@ -26,9 +28,10 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 from tfsyncmodes import registry
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import communicators
-from tfsyncmodes.exchange.base import Chain
+from tfsyncmodes.exchange.base import Chain, Part
 from tfsyncmodes.exchange.compressed_allreduce import CompressedAllreduce
 from tfsyncmodes.exchange.compressors import Compressor, NoCompression
+from tfsyncmodes.exchange.dgc import MomentumCorrection, local_clip
 from tfsyncmodes.exchange.elastic import PAPER_BETA, alpha_for
 from tfsyncmodes.exchange.groups import knob_field
 from tfsyncmodes.exchange.hybrid import cross_group_link, hybrid_chain
@@ -40,6 +43,8 @@ from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
 from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
 from tfsyncmodes.exchange.switchable import SwitchableExchange
 from tfsyncmodes.exchange.version import StepVersion
+from tfsyncmodes.exchange.warmup import SparsityWarmup
+from tfsyncmodes.knobs import TOPK
 from tfsyncmodes import config as config_lib
 
 Recipe = Callable[..., Chain]
@@ -110,11 +115,15 @@ def sync_exchange(config, groups=None) -> Chain:
     rank, size = communicators.horovod_world()
     if communicators.under_tf_distribute() or size <= 1:
         return Chain()
-    chosen = compressor(config)
+    dgc = dgc_on(config)
+    warmup = sparsity_warmup(config) if dgc else None
+    chosen = compressor(config, warmup)
     if isinstance(chosen, NoCompression):
         return Chain(communicators.HorovodAllreduce())
-    return Chain(CompressedAllreduce(chosen, memory(config, chosen),
-                                     communicators.across_world(chosen, (rank, size))))
+    clip = dgc_clip(config, size) if dgc else None
+    remembers = MomentumCorrection(dgc_momentum(config)) if dgc else memory(config, chosen)
+    exchange = CompressedAllreduce(chosen, remembers, communicators.across_world(chosen, (rank, size)))
+    return Chain(*[part for part in (clip, exchange, warmup) if part is not None])
 
 
 @recipe("async")
@@ -180,11 +189,35 @@ def _settings(cls, **settings) -> dict:
     return {name: value for name, value in settings.items() if name in declared}
 
 
-def compressor(config) -> Compressor:
-    """``--sync_compression``, with ``--sync_topk_ratio`` as a compressor's ``ratio``."""
+def compressor(config, warmup: Optional[SparsityWarmup] = None) -> Compressor:
+    """``--sync_compression``, with ``--sync_topk_ratio`` as a compressor's ``ratio``,
+    ``--sync_quantize_sigma`` as its ``clip_sigma`` and `warmup` as its ``warmup``."""
     cls = registry.COMPRESSORS.get(config.compression, config.sources.get("compression", "default"),
                                    "compression")
-    return cls(**_settings(cls, ratio=config.topk_ratio))
+    settings = dict(ratio=config.topk_ratio, clip_sigma=config.quantize_sigma)
+    if warmup is not None:
+        settings["warmup"] = warmup
+    return cls(**_settings(cls, **settings))
+
+
+def dgc_on(config) -> bool:
+    """``--sync_dgc`` with a Top-K compression (sync mode's recipe reads it)."""
+    return bool(config.dgc) and config.compression in TOPK
+
+
+def dgc_momentum(config) -> float:
+    """``--sync_dgc_momentum``: the momentum correction's m."""
+    return config.dgc_momentum
+
+
+def dgc_clip(config, ranks: int) -> Optional[Part]:
+    """``--sync_dgc_clip_norm``: each of `ranks` clips to it / sqrt(ranks) (None: off)."""
+    return None if config.dgc_clip_norm == "off" else local_clip(config.dgc_clip_norm, ranks)
+
+
+def sparsity_warmup(config) -> Optional[SparsityWarmup]:
+    """``--sync_dgc_warmup_steps`` (None: 0, no warm-up)."""
+    return SparsityWarmup(config.dgc_warmup_steps) if config.dgc_warmup_steps else None
 
 
 def memory(config, chosen: Compressor) -> Memory:

@@ -1,0 +1,117 @@
+"""Uniform quantization to 8, 4 or 2 bits with μ ± kσ clipping, and the packing of codes into
+bytes: the arithmetic of the quantizing compressors (:mod:`~tfsyncmodes.exchange.quantized`).
+
+The rule, per chunk of `chunk` entries (0: the whole vector is one chunk; the last chunk may
+be shorter), for ``bits`` b and ``levels = 2**b - 1``:
+
+- μ and σ (population standard deviation) of the chunk, computed in float64;
+- ``lo = max(float32(μ - kσ), min)`` and ``hi = min(float32(μ + kσ), max)``: the range is the
+  chunk's own, clipped to μ ± kσ (INTELLECT-1 clips at k = 6);
+- ``scale = float32(hi - lo) / levels`` (float32 arithmetic);
+- ``code = round_half_to_even((clip(x, lo, hi) - lo) / scale)``, in [0, levels]; a chunk with
+  ``scale == 0`` (constant, or clipped to one value) gets code 0 everywhere;
+- ``value = lo + code * scale`` (float32: one product, one sum, each rounded).
+
+An entry inside [lo, hi] comes back within scale / 2 (plus float32 rounding); one clipped away
+comes back as lo or hi, and error feedback keeps the difference. ``decode`` is exactly what
+was sent, so the residual ``compensated - decode(payload)`` is exact.
+
+Codes are packed little end first: ``8 / b`` codes per uint8, code j of a byte in bits
+``[b * j, b * (j + 1))``; the last byte is padded with zero codes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import tensorflow as tf
+
+BITS = (8, 4, 2)
+
+
+def check_bits(bits: int) -> int:
+    if bits not in BITS:
+        raise ValueError(f"{bits}-bit quantization: use one of {', '.join(map(str, BITS))}")
+    return bits
+
+
+def packed_size(count: int, bits: int) -> int:
+    """Bytes that `count` codes of `bits` bits occupy."""
+    per_byte = 8 // bits
+    return -(-count // per_byte)
+
+
+def num_chunks(count: int, chunk: int) -> int:
+    return 1 if chunk <= 0 or chunk >= count else int(math.ceil(count / chunk))
+
+
+def pack(codes: tf.Tensor, bits: int) -> tf.Tensor:
+    """uint8 bytes of 1-D `codes` (integers in [0, 2**bits)), ``8 / bits`` per byte."""
+    if bits == 8:
+        return tf.cast(codes, tf.uint8)
+    per_byte = 8 // bits
+    count = int(codes.shape[0])
+    padded = tf.pad(tf.cast(codes, tf.int32), [[0, packed_size(count, bits) * per_byte - count]])
+    shifted = tf.bitwise.left_shift(tf.reshape(padded, [-1, per_byte]), tf.range(per_byte) * bits)
+    return tf.cast(tf.reduce_sum(shifted, axis=1), tf.uint8)
+
+
+def unpack(packed: tf.Tensor, bits: int, count: int) -> tf.Tensor:
+    """int32 codes [rows, count] of `packed` bytes [rows, packed_size(count, bits)]."""
+    if bits == 8:
+        return tf.cast(packed, tf.int32)[:, :count]
+    per_byte = 8 // bits
+    wide = tf.cast(packed, tf.int32)[:, :, None]
+    codes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(wide, tf.range(per_byte) * bits), (1 << bits) - 1)
+    return tf.reshape(codes, [tf.shape(packed)[0], -1])[:, :count]
+
+
+def _chunked(flat: tf.Tensor, chunk: int) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(flat padded to whole chunks as [chunks, width], mask of the real entries)."""
+    count = int(flat.shape[0])
+    chunks = num_chunks(count, chunk)
+    width = chunk if chunks > 1 else count
+    pad = chunks * width - count
+    mask = tf.reshape(tf.concat([tf.ones([count], tf.bool), tf.zeros([pad], tf.bool)], 0), [chunks, width])
+    return tf.reshape(tf.pad(flat, [[0, pad]]), [chunks, width]), mask
+
+
+def ranges(flat: tf.Tensor, bits: int, clip_sigma: float, chunk: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(lo, hi, scale) per chunk, float32 [chunks], of the rule above."""
+    x, mask = _chunked(tf.cast(flat, tf.float32), chunk)
+    real = tf.cast(mask, tf.float64)
+    wide = tf.cast(x, tf.float64) * real
+    n = tf.reduce_sum(real, axis=1)
+    mean = tf.reduce_sum(wide, axis=1) / n
+    std = tf.sqrt(tf.reduce_sum(tf.square((wide - mean[:, None]) * real), axis=1) / n)
+    big = tf.constant(float("inf"), tf.float32)
+    low = tf.reduce_min(tf.where(mask, x, big), axis=1)
+    high = tf.reduce_max(tf.where(mask, x, -big), axis=1)
+    lo = tf.maximum(tf.cast(mean - clip_sigma * std, tf.float32), low)
+    hi = tf.minimum(tf.cast(mean + clip_sigma * std, tf.float32), high)
+    hi = tf.maximum(hi, lo)
+    return lo, hi, (hi - lo) / float(2 ** bits - 1)
+
+
+def encode(flat: tf.Tensor, bits: int, clip_sigma: float, chunk: int) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(packed uint8 codes, float32 [lo, scale] per chunk, interleaved) of 1-D `flat`."""
+    count = int(flat.shape[0])
+    lo, hi, scale = ranges(flat, bits, clip_sigma, chunk)
+    x, _ = _chunked(tf.cast(flat, tf.float32), chunk)
+    safe = tf.where(scale > 0, scale, tf.ones_like(scale))
+    ratio = (tf.minimum(tf.maximum(x, lo[:, None]), hi[:, None]) - lo[:, None]) / safe[:, None]
+    codes = tf.where((scale > 0)[:, None], tf.clip_by_value(tf.round(ratio), 0.0, float(2 ** bits - 1)), 0.0)
+    codes = tf.reshape(codes, [-1])[:count]
+    return pack(tf.cast(codes, tf.int32), bits), tf.reshape(tf.stack([lo, scale], axis=1), [-1])
+
+
+def decode(packed: tf.Tensor, lo_scale: tf.Tensor, bits: int, count: int, chunk: int) -> tf.Tensor:
+    """float32 values [rows * count] of `rows` concatenated payloads (each `count` codes), row
+    after row."""
+    chunks = num_chunks(count, chunk)
+    width = chunk if chunks > 1 else count
+    rows_codes = unpack(tf.reshape(packed, [-1, packed_size(count, bits)]), bits, count)
+    pairs = tf.reshape(lo_scale, [-1, chunks, 2])
+    lo = tf.repeat(pairs[:, :, 0], width, axis=1)[:, :count]
+    scale = tf.repeat(pairs[:, :, 1], width, axis=1)[:, :count]
+    return tf.reshape(lo + tf.cast(rows_codes, tf.float32) * scale, [-1])

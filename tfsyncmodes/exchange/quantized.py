@@ -1,0 +1,141 @@
+"""The quantizing compressors: ``int8``, ``int4`` and ``int2`` send every entry as a packed
+code with a float32 (lo, scale) per chunk; ``topk_int8``, ``topk_int4`` and ``topk_int2`` send
+Top-K's int32 indices with its values quantized so (SparseLoCo: 1-3 % Top-K, 2-bit values,
+error feedback). The rule (μ ± kσ clipping, round half to even) is
+:mod:`~tfsyncmodes.exchange.quantize`'s.
+
+Payloads of different ranks have different scales, so they cannot be summed by an allreduce
+in their own dtype: every quantizer is ``sparse`` (the communicator allgathers), and
+``decompress`` of several ranks' concatenated payloads is the sum of each one's values, added
+in the order of the payloads (so every rank gets the same bits). ``decompress`` of one payload
+is exactly what was sent, so :class:`~tfsyncmodes.exchange.memory.ErrorFeedback` keeps
+exactly what quantization (and Top-K) left out.
+
+Settings: `clip_sigma` (k of μ ± kσ; ``--sync_quantize_sigma``, default 6) and `chunk`
+(entries per scale; 0: one scale for the whole tensor); the Top-K ones also Top-K's `ratio`,
+`implementation` and `warmup`.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfsyncmodes.exchange import quantize
+from tfsyncmodes.exchange.compressors import Compressor, TopK
+from tfsyncmodes.registry import COMPRESSORS
+
+
+class Quantized(Compressor):
+    """Every entry as a `bits`-bit code: payload (uint8 codes, float32 [lo, scale] per chunk)."""
+
+    sparse = True  # scales differ per rank: allgather, never an allreduce of the codes
+    lossless = False
+    bits = 8
+
+    def __init__(self, clip_sigma: float = 6.0, chunk: int = 0):
+        quantize.check_bits(self.bits)
+        if not clip_sigma > 0:
+            raise ValueError(f"clip_sigma {clip_sigma}: use a positive number of standard deviations")
+        if chunk < 0:
+            raise ValueError(f"chunk {chunk}: use 0 (one scale per tensor) or a positive number of entries")
+        self.clip_sigma = float(clip_sigma)
+        self.chunk = int(chunk)
+
+    def compress(self, flat, ctx):
+        return quantize.encode(flat, self.bits, self.clip_sigma, self.chunk)
+
+    def decompress(self, payload, ctx):
+        codes, lo_scale = payload
+        values = quantize.decode(codes, lo_scale, self.bits, ctx.size, self.chunk)
+        return sum_rows(values, ctx.size)
+
+    def payload_spec(self, ctx):
+        return [(tf.uint8, [quantize.packed_size(ctx.size, self.bits)]),
+                (tf.float32, [2 * quantize.num_chunks(ctx.size, self.chunk)])]
+
+
+def sum_rows(values: tf.Tensor, size: int) -> tf.Tensor:
+    """The sum of the [rows * size] `values`, row after row (a segment sum adds its input in
+    order, so row 0 + row 1 + ... on every rank alike)."""
+    rows = tf.shape(values)[0] // size
+    return tf.math.unsorted_segment_sum(values, tf.tile(tf.range(size), [rows]), size)
+
+
+_VALUES = {}
+
+
+@COMPRESSORS.register("int8")
+class Int8(Quantized):
+    """8-bit codes, one per byte: a quarter of float32's bytes."""
+
+    bits = 8
+
+
+@COMPRESSORS.register("int4")
+class Int4(Quantized):
+    """4-bit codes, two per byte: an eighth of float32's bytes."""
+
+    bits = 4
+
+
+@COMPRESSORS.register("int2")
+class Int2(Quantized):
+    """2-bit codes, four per byte: a sixteenth of float32's bytes."""
+
+    bits = 2
+
+
+_VALUES.update({8: Int8, 4: Int4, 2: Int2})
+
+
+class QuantizedTopK(TopK):
+    """Top-K, its values quantized: payload (uint8 codes, float32 [lo, scale] per chunk, int32
+    indices in increasing order, the values in that order). The quantization error of the sent
+    entries and the unsent entries stay in the error feedback's residual."""
+
+    bits = 8
+
+    def __init__(self, ratio: float = 0.01, implementation: str = "auto", clip_sigma: float = 6.0,
+                 chunk: int = 0, warmup=None):
+        super().__init__(ratio, implementation, warmup)
+        self.values = _VALUES[self.bits](clip_sigma, chunk)
+
+    def compress_k(self, flat, k):
+        _, indices = self.selection.select(flat, k)
+        indices = tf.sort(indices)  # the ops selection's order is arbitrary; chunks follow this one
+        codes, lo_scale = self.values.compress(tf.gather(flat, indices), None)
+        return codes, lo_scale, indices
+
+    def decompress(self, payload, ctx):
+        codes, lo_scale, indices = payload
+
+        def with_k(k):
+            values = quantize.decode(codes, lo_scale, self.bits, k, self.values.chunk)
+            return self.selection.scatter(values, indices, ctx.size)
+
+        return self.staged(ctx.size, with_k)
+
+    def payload_spec(self, ctx):
+        k = self.k(ctx.size)
+        return [(tf.uint8, [quantize.packed_size(k, self.bits)]),
+                (tf.float32, [2 * quantize.num_chunks(k, self.values.chunk)]), (tf.int32, [k])]
+
+
+@COMPRESSORS.register("topk_int8")
+class TopKInt8(QuantizedTopK):
+    """Top-K with 8-bit values."""
+
+    bits = 8
+
+
+@COMPRESSORS.register("topk_int4")
+class TopKInt4(QuantizedTopK):
+    """Top-K with 4-bit values."""
+
+    bits = 4
+
+
+@COMPRESSORS.register("topk_int2")
+class TopKInt2(QuantizedTopK):
+    """Top-K with 2-bit values (SparseLoCo's)."""
+
+    bits = 2
