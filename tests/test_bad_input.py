@@ -255,6 +255,8 @@ BAD_KNOB_VALUES = {
     "warmup_steps": INTEGER + ["-1"], "elastic_alpha": NUMBER + ["0", "1.5", "off"],
     "local_steps": ["0", "3", "bogus"], "switch_policy": ["bogus"], "switch_threshold": NUMBER + ["1"],
     "switch_interval": INTEGER + ["1"], "switch_patience": INTEGER + ["0"],
+    "quantize_sigma": NUMBER + ["0", "off"], "dgc": ["maybe", "2"], "dgc_momentum": NUMBER + ["1"],
+    "dgc_clip_norm": NUMBER + ["0", "auto"], "dgc_warmup_steps": INTEGER + ["-1"],
 }
 
 

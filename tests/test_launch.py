@@ -108,7 +108,7 @@ def test_timeout_tears_everything_down():
 @pytest.mark.timeout(90)
 def test_ctrl_c_tears_everything_down():
     command = [PYTHON, "-m", "tfsyncmodes.launch", "--workers", "1", "--ps", "1", "--", PYTHON, "-c",
-               REPORT_AND_WAIT, "300", "0", "-1"]
+               REPORT_AND_WAIT, "300", "0", "-1", "-1"]
     process = subprocess.Popen(command, env=clean_env(), cwd=REPO, stdout=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:

@@ -22,7 +22,7 @@ def momentum_for_period(period: int) -> float:
     inner optimizer has already taken (digits, 4 ranks in 2 groups, Adam inside, 5 epochs, test
     accuracy against sync's 0.983 / 0.964 over two seeds: at period 8, momentum 0.9 reached
     0.917 / 0.900 and 0.3 reached 0.978 / 0.964; at period 32, 0.9 reached 0.964 / 0.953 and
-    0.3 0.981 / ...). With the outer lr 0.7, 0.3 makes the effective outer step
+    0.3 0.981 / 0.961). With the outer lr 0.7, 0.3 makes the effective outer step
     lr / (1 - momentum) 1.0, plain averaging's, plus Nesterov's look-ahead."""
     return 0.9 if period >= DILOCO_PERIOD else 0.3
 
