@@ -4,6 +4,7 @@ only inside its window, and the straggler policy in a horovodrun -np 4 job."""
 import os
 import time
 
+import numpy as np
 import pytest
 
 from tests.conftest import PYTHON, REPO, clean_env
@@ -84,6 +85,28 @@ def test_window_slows_only_inside_it():
 
 
 # --- the straggler policy's decision (pure) ------------------------------------------------
+
+def documented_policy(windows, threshold, patience):
+    """The mode after each window by the rule the docs state, written with NumPy."""
+    mode, streak, modes = "sync", 0, []
+    for times in windows:
+        ratio = np.max(times) / np.median(times)
+        leaving = ratio >= threshold if mode == "sync" else ratio < 1 + (threshold - 1) / 2
+        streak = streak + 1 if leaving else 0
+        if streak >= patience:
+            mode, streak = ("hybrid" if mode == "sync" else "sync"), 0
+        modes.append(mode)
+    return modes
+
+
+def test_the_documented_rule_flips_on_patience_windows_and_back_below_the_lower_threshold():
+    """The test's own rule, on hand-made windows (so a wrong rule here cannot hide in the run)."""
+    fast, slow, mild = [1.0, 1.0, 1.0, 1.0], [1.0, 4.0, 1.0, 1.0], [1.0, 1.3, 1.0, 1.0]
+    windows = [slow, fast, slow, slow, mild, fast, mild, fast, fast]
+    assert documented_policy(windows, 1.5, 2) == ["sync", "sync", "sync", "hybrid", "hybrid", "hybrid",
+                                                  "hybrid", "hybrid", "sync"]
+    decider = StragglerDecider(1.5, 2, 2)
+    assert [decider.observe(w).mode for w in windows] == documented_policy(windows, 1.5, 2)
 
 def test_decider_switches_after_patience_and_back_with_hysteresis():
     decider = StragglerDecider(threshold=1.5, patience=2, group_size=2)
@@ -180,9 +203,17 @@ def test_straggler_policy_switches_to_hybrid_inside_the_window_and_back(tmp_path
     decisions = json.loads(str(ranks[0]["decisions"]))
     up = next(d for d in decisions if d["switched"] and d["mode"] == "hybrid")
     assert 1 in up["groups"][0] and up["ratio"] >= 1.5
-    # Replaying the decisions from the gathered times gives the same modes (every rank alike).
-    replay = StragglerDecider(1.5, 2, 2)
-    assert [replay.observe(d["times"]).mode for d in decisions] == [d["mode"] for d in decisions]
+    # The decisions follow the documented rule, computed here from the gathered times with
+    # NumPy (not the package's decider): ratio = slowest / median; 2 windows in a row at >= 1.5
+    # leave sync, 2 in a row below 1.25 leave hybrid; the slow ranks share the first group.
+    assert [d["mode"] for d in decisions] == documented_policy([d["times"] for d in decisions], 1.5, 2)
+    for d in decisions:
+        assert d["ratio"] == pytest.approx(np.max(d["times"]) / np.median(d["times"]), rel=1e-9)
+        if d["switched"] and d["mode"] == "hybrid":
+            slow_first = np.argsort(-np.asarray(d["times"]), kind="stable")
+            assert sorted(map(sorted, d["groups"])) == sorted([sorted(slow_first[:2].tolist()),
+                                                               sorted(slow_first[2:].tolist())])
+            assert set(slow_first[:2].tolist()) == set(d["groups"][0])
     for other in ranks[1:]:
         assert json.loads(str(other["decisions"])) == decisions
     # The modes logged per step follow the switches (sync 0, hybrid 2).
