@@ -32,6 +32,7 @@ selected) stays whole in the residual.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -45,9 +46,12 @@ CANDIDATE_MARGIN = 1.3  # candidates kept above the sampled threshold, in units 
 SAMPLE_SIZE = 20000     # entries the ``ops`` threshold is estimated from
 
 
+@functools.lru_cache(maxsize=None)
 def load_native():
     """The compiled kernels' module, or None when they are not built and cannot be (see
-    :mod:`~tfsyncmodes.exchange.kernels`). Logs once which implementation runs, and why."""
+    :mod:`~tfsyncmodes.exchange.kernels`). Logs which implementation runs, and why. Loaded once
+    per process: TensorFlow registers a library's ops once, and a second load (of the same or
+    another copy) returns a module without them."""
     library, how = kernels.locate()
     module = None
     if library is not None:
