@@ -53,24 +53,19 @@ def assign_world_mean(variables: Sequence, name: str) -> None:
 
 def world_average(tensor, name: str) -> tf.Tensor:
     """The mean of one tensor over all Horovod ranks (one allreduce of its own)."""
-    import horovod.tensorflow as hvd
-
-    return hvd.allreduce(tf.convert_to_tensor(tensor), op=hvd.Average,
-                         process_set=hvd.global_process_set, name=name)
+    return world_reduce(tensor, True, name)
 
 
 def world_sum(tensor, name: str):
     """`tensor` summed over all Horovod ranks."""
-    import horovod.tensorflow as hvd
-
-    return hvd.allreduce(tensor, op=hvd.Sum, name=name, process_set=hvd.global_process_set)
+    return world_reduce(tensor, False, name)
 
 
 def world_reduce(tensor, average: bool, name: Optional[str] = None):
     """`tensor` averaged (or summed) over all Horovod ranks, as ``strategy.reduce`` asks."""
     import horovod.tensorflow as hvd
 
-    return hvd.allreduce(tensor, op=hvd.Average if average else hvd.Sum, name=name,
+    return hvd.allreduce(tf.convert_to_tensor(tensor), op=hvd.Average if average else hvd.Sum, name=name,
                          process_set=hvd.global_process_set)
 
 

@@ -60,9 +60,6 @@ def sum_rows(values: tf.Tensor, size: int) -> tf.Tensor:
     return tf.math.unsorted_segment_sum(values, tf.tile(tf.range(size), [rows]), size)
 
 
-_VALUES = {}
-
-
 @COMPRESSORS.register("int8")
 class Int8(Quantized):
     """8-bit codes, one per byte: a quarter of float32's bytes."""
@@ -84,7 +81,7 @@ class Int2(Quantized):
     bits = 2
 
 
-_VALUES.update({8: Int8, 4: Int4, 2: Int2})
+_VALUES = {cls.bits: cls for cls in (Int8, Int4, Int2)}  # a Top-K form's values, by bits
 
 
 class QuantizedTopK(TopK):
