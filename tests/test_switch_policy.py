@@ -1,5 +1,5 @@
 """Online switching: ``--sync_slow_worker`` windows, the straggler policy's decision and
-``--sync_mode=auto``'s rule (pure), and real runs: a transient straggler whose slowdown shows
+and real runs: a transient straggler whose slowdown shows
 only inside its window, and the straggler policy in a horovodrun -np 4 job."""
 import os
 import time
@@ -10,7 +10,6 @@ import pytest
 from tests.conftest import PYTHON, REPO, clean_env
 from tfsyncmodes import config
 from tfsyncmodes.errors import ConfigError
-from tfsyncmodes.switching import auto
 from tfsyncmodes.switching.decision import StragglerDecider, own_step_times, slow_first_groups
 from tfsync_testbed import localrun
 
@@ -154,21 +153,6 @@ def test_policy_combinations_that_cannot_run_are_config_errors(overrides, words)
     assert modes == ("sync", "hybrid") and type(plan).__name__ == "StragglerPlan"
 
 
-# --- --sync_mode=auto's rule (pure) ---------------------------------------------------------
-
-def test_auto_rule():
-    one = auto.choose([0.0], 0.0, 1.5, 1)
-    assert (one.mode, one.switch_policy) == ("sync", "none")
-    slow_link = auto.choose([0.010, 0.011, 0.010, 0.012], 0.020, 1.5, 2)
-    assert slow_link.mode == "hybrid" and "exchange takes" in slow_link.reason and "66% of a step" in slow_link.reason
-    straggler = auto.choose([0.010, 0.040, 0.011, 0.010], 0.002, 1.5, 2)
-    assert (straggler.mode, straggler.groups) == ("hybrid", ((1, 2), (0, 3)))
-    assert "slowest/median 3.81" in straggler.reason
-    even = auto.choose([0.010, 0.011, 0.010, 0.012], 0.002, 1.5, 2)
-    assert (even.mode, even.switch_policy) == ("sync", "straggler")
-    assert "\n" not in even.reason and "MB/s" in even.reason
-
-
 # --- the whole policy: horovodrun -np 4, rank 1 4x slow during 30 %-60 % of the run ---------
 
 EPOCHS, STEPS = 6, 20  # 120 steps; the straggler is slow in steps 36-71
@@ -232,31 +216,3 @@ def test_straggler_policy_switches_to_hybrid_inside_the_window_and_back(tmp_path
     assert len(scalars["switch_policy/step_ms_rank_1"]) == len(decisions)
     assert max(v for _, v in scalars["switch_policy/step_ms_rank_1"]) > 1.5 * np.median(
         [v for _, v in scalars["switch_policy/step_ms_rank_0"]])
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_auto_probes_picks_and_logs_why_in_one_line(tmp_path):
-    """A real horovodrun -np 2 run of scripts/train.py --sync_mode=auto: one 'auto:' line with
-    the probe's figures, and the run trains in the mode that line names."""
-    import json
-    import re
-
-    from tests.conftest import run_checked
-
-    metrics = tmp_path / "metrics.json"
-    command = localrun.horovodrun_command(2, [PYTHON, TRAIN, "--sync_mode=auto", "--epochs=1",
-                                              f"--model_dir={tmp_path / 'run'}", f"--metrics_file={metrics}"])
-    result = run_checked(command, timeout=360)
-    lines = [line for line in result.stderr.splitlines() if "] auto: " in line]
-    assert len(lines) == 1, result.stderr[-3000:]
-    chosen = re.search(r"auto: (sync|hybrid)", lines[0]).group(1)
-    assert "median step" in lines[0] and "MB/s" in lines[0] and "of a step" in lines[0]
-    step_ms = float(re.search(r"median step ([0-9.]+) ms", lines[0]).group(1))
-    allreduce_ms = float(re.search(r"MiB ([0-9.]+) ms", lines[0]).group(1))
-    ratio = float(re.search(r"slowest/median ([0-9.]+)", lines[0]).group(1))
-    # The logged figures give the logged choice under the README's rule.
-    hybrid = allreduce_ms / (step_ms + allreduce_ms) >= auto.COMM_SHARE or ratio >= 1.5
-    assert chosen == ("hybrid" if hybrid else "sync"), lines[0]
-    with open(metrics, encoding="utf-8") as handle:
-        assert json.load(handle)["mode"] == chosen

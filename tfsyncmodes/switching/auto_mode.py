@@ -1,5 +1,5 @@
 """``--sync_mode=auto``: probe, pick a mode by :func:`tfsyncmodes.switching.auto.choose`, log
-why in one line, and make that mode's strategy (whose config then names the chosen mode)."""
+each mode's predicted rate and the pick (a line each), and make that mode's strategy (whose config then names the chosen mode)."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,9 +28,13 @@ class AutoMode(Mode):
             hvd = candidates.init_horovod(horovod.size, size)
             spec = slow_spec(config, hvd.rank())
             factor = spec.factor if spec is not None and spec.start == 0.0 else 1.0
-            times, seconds = auto.probe(factor)
-            choice = auto.choose(times, seconds, config.switch_threshold, size)
+            times, seconds, sigma = auto.probe(factor)
+            hybrid = with_mode_defaults(config, "hybrid")
+            choice = auto.choose(times, seconds, config.switch_threshold, size, period=hybrid.period,
+                                 local_steps=hybrid.local_steps, tail_sigma=sigma)
         if horovod is None or horovod.rank == 0:
+            for line in choice.prediction_lines():
+                logging.info("%s", line)
             logging.info("%s", choice.reason)
         chosen = dataclasses.replace(config, **_settings(config, choice, horovod))
         strategy = make_strategy(config=chosen)  # a switch policy, if chosen, is a plan
