@@ -251,7 +251,8 @@ AUTO_PARTIAL = {"auto_partial": {"compression": "none", "period": 4, "cross_grou
                                  "local_steps": "auto", "sleep_after_step": {"1": 0.325, "3": 0.5}}}
 
 # The period as its own knob, 3 inner steps between averages.
-FIXED_STEPS = {"periodic_period_3": {"compression": "none", "period": 3, "cross_group": "periodic"}}
+FIXED_STEPS = {"periodic_period_3": {"compression": "none", "period": 3, "cross_group": "periodic",
+                                     "local_steps": "fixed"}}
 
 
 def speed_plan(step_times, left, epoch, period):
@@ -384,8 +385,8 @@ def rounds_schedule(workers, knobs, steps):
 
 def numpy_knobs(knobs):
     """The knobs the fixed-schedule reference takes (local_steps fixed: every `period` steps;
-    the scenarios pin the period, whatever hybrid's default)."""
-    assert knobs.get("local_steps", "fixed") == "fixed" or knobs.get("cross_group") != "periodic", knobs
+    the scenarios pin the period and the fixed schedule, whatever hybrid's defaults)."""
+    assert knobs.get("local_steps") == "fixed" or knobs.get("cross_group") != "periodic", knobs
     return {k: v for k, v in knobs.items() if k not in ("groups", "local_steps")}
 
 

@@ -21,7 +21,7 @@ COMPOSED = {
 }
 # What the last one trains, in the reference's knobs.
 PERIOD_3_NESTEROV = {"compression": "topk", "topk_ratio": 0.25, "period": 3, "cross_group": "periodic",
-                     "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8}
+                     "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8, "local_steps": "fixed"}
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def test_consumers_see_words_and_period(tmp_path):
     from tfsyncmodes.exchange import recipes
 
     defaults = resolve(mode="hybrid")
-    assert (defaults.staleness, defaults.period, defaults.local_steps, defaults.group_size) == (7, 8, "fixed", "host")
+    assert (defaults.staleness, defaults.period, defaults.local_steps, defaults.group_size) == (7, 8, "auto", "host")
     assert recipes.period(defaults) == 8
     assert recipes.elastic_alpha(defaults, 3) == pytest.approx(0.3)
     assert recipes.elastic_alpha(resolve(mode="hybrid", cross_group="elastic", elastic_alpha=0.2), 3) == 0.2

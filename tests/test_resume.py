@@ -23,7 +23,9 @@ EPOCHS = 8
 STEPS_PER_EPOCH = 22  # digits: 1437 training examples // batch 64
 # The MLP of train.py, writing each process's final weights to $RESUME_WEIGHTS_DIR.
 MODEL_HOOK = "--model=tests.workers.resume_weights:build"
-BACKENDS = {"horovod": ["--sync_mode=sync"], "hybrid": ["--sync_mode=hybrid", "--sync_group_size=1"],
+# hybrid on the fixed schedule: every rank runs every step, so the step count is exact.
+BACKENDS = {"horovod": ["--sync_mode=sync"], "hybrid": ["--sync_mode=hybrid", "--sync_group_size=1",
+                                                       "--sync_local_steps=fixed"],
             "mirrored": ["--sync_mode=sync", "--sync_backend=mirrored"],
             "multi_worker": ["--sync_mode=sync", "--sync_backend=multi_worker"], "async": ["--sync_mode=async"]}
 

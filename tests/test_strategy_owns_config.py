@@ -37,7 +37,7 @@ def test_argparse_script_under_horovodrun_wraps_in_the_strategys_mode(legacy):
 @pytest.mark.timeout(300)
 def test_hybrid_state_saved_mid_training_resumes_exactly_in_a_fresh_job(tmp_path):
     env = {"TFSYNC_GROUP_SIZE": 2, "TFSYNC_COMPRESSION": "topk", "TFSYNC_TOPK_RATIO": 0.25,
-           "TFSYNC_PERIOD": 2, "TFSYNC_CROSS_GROUP": "periodic"}
+           "TFSYNC_PERIOD": 2, "TFSYNC_CROSS_GROUP": "periodic", "TFSYNC_LOCAL_STEPS": "fixed"}
     for phase in ("train", "resume"):
         run_checked(localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "hybrid_resume.py"),
                                                     str(tmp_path), phase]), timeout=240, **env)

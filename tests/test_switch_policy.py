@@ -142,6 +142,8 @@ def test_own_step_times_take_out_the_wait_for_peers():
 @pytest.mark.parametrize("overrides, words", [
     ({"mode": "hybrid", "switch_policy": "straggler"}, "starts in sync"),
     ({"mode_schedule": "sync:10%,hybrid", "switch_policy": "straggler"}, "schedule and straggler both decide"),
+    ({"switch_policy": "straggler", "local_steps": "auto"}, "local_steps: auto cannot run in a phase"),
+    ({"mode_schedule": "sync:10%,hybrid", "local_steps": "auto"}, "local_steps: auto cannot run in a phase"),
 ])
 def test_policy_combinations_that_cannot_run_are_config_errors(overrides, words):
     from tfsyncmodes.exchange import recipes
@@ -149,8 +151,12 @@ def test_policy_combinations_that_cannot_run_are_config_errors(overrides, words)
     with pytest.raises(ConfigError) as raised:
         recipes.switch_plan(config.resolve(overrides, environ={}, use_flags=False))
     assert words in str(raised.value)
-    plan, modes = recipes.switch_plan(config.resolve({"switch_policy": "straggler"}, environ={}, use_flags=False))
+    policy = config.resolve({"switch_policy": "straggler"}, environ={}, use_flags=False)
+    plan, modes = recipes.switch_plan(policy)
     assert modes == ("sync", "hybrid") and type(plan).__name__ == "StragglerPlan"
+    # hybrid alone speeds its rounds up by default; as a phase of a switching run it keeps every
+    # group at period steps a round
+    assert (policy.local_steps, recipes.mode_config(policy, "hybrid").local_steps) == ("auto", "fixed")
 
 
 # --- the whole policy: horovodrun -np 4, rank 1 4x slow during 30 %-60 % of the run ---------

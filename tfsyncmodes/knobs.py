@@ -192,10 +192,12 @@ KNOBS: Tuple[Knob, ...] = (
          "to it), then each group moves groups * alpha of the way to the new center (auto: the "
          "EASGD paper's 0.9 / groups; 1 / groups is periodic averaging; groups * alpha <= 1).",
          given("cross_group", "elastic")),
-    Knob("local_steps", "fixed", Choice(lambda: ("fixed", "auto"), _local_steps_refused),
-         "Inner steps per round: fixed (period for every group), or auto (each group as many as "
-         "its measured speed allows, the fastest period, and the average weights groups by the "
-         "samples they processed: Async Local-SGD's dynamic local updates).",
+    Knob("local_steps", "auto", Choice(lambda: ("fixed", "auto"), _local_steps_refused),
+         "Inner steps per round: auto (each group as many as its measured speed allows, the "
+         "fastest period, and the average weights groups by the samples they processed: Async "
+         "Local-SGD's dynamic local updates; groups of equal speed run period each), or fixed "
+         "(period for every group, so a slow group holds every round back; the hybrid phase of "
+         "a run that switches modes is always fixed).",
          given("cross_group", "periodic")),
     # --- online switching (tfsyncmodes/switching/) ---
     Knob("switch_policy", "none", Choice(lambda: ("none", "straggler")),

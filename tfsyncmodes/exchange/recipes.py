@@ -22,6 +22,7 @@ knob-made settings its constructor declares (e.g. ``ratio`` for a compressor, ``
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -72,13 +73,25 @@ def switch_plan(config) -> Optional[Tuple[object, Tuple[str, ...]]]:
         names = [name for name, _, _ in in_force]
         raise ConfigError("configuration", "switch plans", f"{' and '.join(names)} both decide when to "
                           "switch", "use one of them")
+    if in_force and "hybrid" in in_force[0][2] and config.sources.get("local_steps", "default") != "default" \
+            and config.local_steps == "auto":
+        source, field = knob_field(config, "local_steps")
+        raise ConfigError(source, field, f"auto cannot run in a phase of a run that switches modes ({in_force[0][0]}: "
+                          "its phases and windows count steps, and speed-proportional rounds make the groups' "
+                          "steps unequal)", "use fixed (the default of a switching run's hybrid phase)")
     return in_force[0][1:] if in_force else None
 
 
 def mode_config(config, mode: str):
-    """`config` as a run in `mode` alone would have it (per-mode defaults live in the knob
-    table, applied by :func:`tfsyncmodes.config.with_mode_defaults`)."""
-    return config_lib.with_mode_defaults(config, mode)
+    """`config` as a phase in `mode` of a run that switches modes has it: as a run in `mode`
+    alone would (per-mode defaults live in the knob table, applied by
+    :func:`tfsyncmodes.config.with_mode_defaults`), except that hybrid's local steps are fixed:
+    the plan's phases and the straggler policy's windows count steps, which every rank must run
+    alike (:func:`switch_plan` refuses an explicit ``local_steps=auto``)."""
+    phase = config_lib.with_mode_defaults(config, mode)
+    if phase.local_steps == "auto":
+        phase = dataclasses.replace(phase, local_steps="fixed")
+    return phase
 
 
 def exchange_for(config, groups=None, *, active_mode: Optional[str] = None) -> Chain:
