@@ -112,7 +112,7 @@ def test_auto_under_a_controlled_straggler_picks_hybrid_and_logs_each_prediction
     predicted = {m.group(1): float(m.group(2).replace(",", "")) for m in re.finditer(
         r"\] auto: predicted (\w+) ([0-9,.]+) samples/s", result.stderr)}
     assert sorted(predicted) == ["async", "hybrid", "sync"], result.stderr[-3000:]
-    picks = [line for line in result.stderr.splitlines() if "] auto: " in line and "predicted " not in line]
+    picks = [line for line in result.stderr.splitlines() if "] auto: " in line and "] auto: predicted " not in line]
     assert len(picks) == 1 and picks[0].split("] auto: ")[1].startswith("hybrid with the slow ranks in one group (1;0)"), \
         picks
     assert predicted["hybrid"] >= MARGIN * predicted["sync"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests import reference
-from tests.test_hybrid import SCENARIOS, check_against_numpy, run_scenarios
+from tests.test_hybrid import SCENARIOS, check_against_numpy, numpy_knobs, run_scenarios
 
 STEPS = 4
 # Periodic averaging with Top-K composed by hand (tests/workers/hybrid_steps.py's
@@ -38,5 +38,6 @@ def test_hybrid_exchange_composed_in_python_equals_the_knobs_and_numpy(tmp_path)
     x, y = reference.linear_data(STEPS, 4)
     groups = [list(g) for g in workers[0]["groups"]]
     for other in (dict(PERIOD_3_NESTEROV, period=2), dict(PERIOD_3_NESTEROV, outer_optimizer="average")):
-        elsewhere = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups, **other)
+        elsewhere = reference.hybrid_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, groups,
+                                              **numpy_knobs(other))
         assert np.abs(elsewhere[0][0] - want[0][0]).max() > 1e-4  # the composed settings mattered
