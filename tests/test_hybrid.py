@@ -193,6 +193,7 @@ def test_hybrid_without_horovodrun_is_one_clear_error():
     assert len(errors_of(result)) == 1 and "not started by horovodrun" in errors_of(result)[0]
 
 
+@pytest.mark.slow  # horovodrun -np 4
 @pytest.mark.timeout(120)
 def test_group_size_that_does_not_divide_the_world_is_one_clear_error_per_rank():
     command = localrun.horovodrun_command(4, [PYTHON, os.path.join(REPO, "scripts", "train.py"),
