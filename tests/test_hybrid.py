@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from tests import reference
-from tests.conftest import PYTHON, REPO, WORKERS, clean_env, run_checked
+from tests.conftest import PYTHON, REPO, clean_env
+from tests.hybrid_jobs import (AS_PERIODIC, AUTO_PARTIAL, AUTO_STEPS, ELASTIC, FIXED_STEPS, KERAS3, SCENARIOS,
+                               keras3_job, run_scenarios)
 from tfsyncmodes import config as config_lib
 from tfsync_testbed import localrun
 from tfsyncmodes.errors import ConfigError
@@ -193,6 +195,7 @@ def test_hybrid_without_horovodrun_is_one_clear_error():
     assert len(errors_of(result)) == 1 and "not started by horovodrun" in errors_of(result)[0]
 
 
+@pytest.mark.slow  # horovodrun -np 4
 @pytest.mark.timeout(120)
 def test_group_size_that_does_not_divide_the_world_is_one_clear_error_per_rank():
     command = localrun.horovodrun_command(4, [PYTHON, os.path.join(REPO, "scripts", "train.py"),
@@ -208,52 +211,6 @@ def test_group_size_that_does_not_divide_the_world_is_one_clear_error_per_rank()
 
 
 # --- horovodrun -np 4 against NumPy ----------------------------------------------------------
-
-SCENARIOS = {
-    "plain": {"compression": "none", "staleness": 0, "topk_ratio": 1.0, "cross_group": "stale"},
-    "topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 0, "cross_group": "stale"},
-    "stale_fp16": {"compression": "fp16", "staleness": 2, "cross_group": "stale"},
-    "periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 2, "cross_group": "periodic",
-                      "local_steps": "fixed"},
-    # Steps 0, 1 in lockstep, then rounds apply as they come in, at most one step late.
-    "warmup_stale_topk": {"compression": "topk", "topk_ratio": 0.25, "staleness": 1, "warmup_steps": 2,
-                          "cross_group": "stale"},
-    "warmup_periodic_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 3, "warmup_steps": 1,
-                             "cross_group": "periodic", "local_steps": "fixed"},
-    # DiLoCo's outer step: Nesterov momentum on the pseudo-gradient (lr 0.7, momentum 0.9).
-    "periodic_nesterov_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 2, "cross_group": "periodic",
-                               "outer_optimizer": "nesterov", "local_steps": "fixed"},
-}
-# The same as periodic_topk written two other ways: the outer step `average` with outer lr 1.0,
-# and EASGD with alpha = 1 / groups (the center becomes the mean, every group lands on it).
-AS_PERIODIC = {
-    "periodic_average_lr1": dict(SCENARIOS["periodic_topk"], outer_optimizer="average", outer_lr=1.0),
-    "elastic_as_periodic": dict({k: v for k, v in SCENARIOS["periodic_topk"].items() if k != "local_steps"},
-                                cross_group="elastic", elastic_alpha=0.5),
-}
-ELASTIC = {  # EASGD: the paper's default alpha (0.9 / 2 groups) dense; alpha 0.3 with Top-K, error
-    # feedback and a warm-up round, ending off a round (so the center is not the groups' mean).
-    "elastic_none": {"compression": "none", "period": 2, "cross_group": "elastic"},
-    "elastic_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 3, "warmup_steps": 1,
-                     "cross_group": "elastic", "elastic_alpha": 0.3},
-}
-KERAS3 = {**SCENARIOS, **AS_PERIODIC, **ELASTIC}  # one job runs them all
-
-
-# --sync_local_steps=auto with rank 1 slowed 4x: its group runs fewer inner steps per round than
-# the other (the run records the rounds; the reference replays them).
-AUTO_STEPS = {"auto_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 2, "cross_group": "periodic",
-                            "local_steps": "auto", "slow_worker": "1:4.0"}}
-
-# --sync_local_steps=auto with groups of comparable speeds (rank 1 sleeps 0.325 s a step, rank 3
-# 0.5 s), so that the slower group's share, 4 x ~0.65, is neither 1 nor H = 4 and rounds to 3.
-AUTO_PARTIAL = {"auto_partial": {"compression": "none", "period": 4, "cross_group": "periodic",
-                                 "local_steps": "auto", "sleep_after_step": {"1": 0.325, "3": 0.5}}}
-
-# The period as its own knob, 3 inner steps between averages.
-FIXED_STEPS = {"periodic_period_3": {"compression": "none", "period": 3, "cross_group": "periodic",
-                                     "local_steps": "fixed"}}
-
 
 def speed_plan(step_times, left, epoch, period):
     """The next round's inner steps per group by the rule local_steps.py documents, written
@@ -337,25 +294,18 @@ def check_local_steps(workers, knobs, steps, tolerance):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_local_steps_auto_plans_each_round_by_the_speed_rule(tmp_path):
+@pytest.mark.timeout(600)
+def test_local_steps_auto_plans_each_round_by_the_speed_rule(tmp_path_factory):
     """Two groups whose slowest ranks sleep 0.325 s and 0.5 s a step, 8 steps, H = 4: every
     round's steps equal round(H * t_fastest / t_g) of the step times the run recorded (and
     clipped as documented), the slower group running a share that is neither 1 nor H; the
     weights equal NumPy's replay of those rounds."""
-    steps = 8
-    results = run_scenarios(tmp_path, AUTO_PARTIAL, steps, TFSYNC_GROUP_SIZE=2)
-    workers = results["auto_partial"]
+    steps = AUTO_PARTIAL["auto_partial"]["steps"]
+    assert steps == 8
+    workers = keras3_job(tmp_path_factory)["auto_partial"]  # one scenario of the shared Keras 3 job
     check_local_steps(workers, AUTO_PARTIAL["auto_partial"], steps, tolerance=1e-6)
     rounds = workers[0]["round_steps"]
     assert any(1 < r[1] < 4 for r in rounds), rounds  # the rule made a share between the bounds
-
-
-def run_scenarios(tmp_path, scenarios, steps, **env):
-    command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "hybrid_steps.py"), str(tmp_path),
-                                              json.dumps(scenarios), f"--steps={steps}"])
-    run_checked(command, timeout=max(200, 100 + 25 * len(scenarios)), **env)  # ~10 s a scenario, 2 busy cores
-    return {name: [np.load(tmp_path / f"{name}.rank{r}.npz") for r in range(4)] for name in scenarios}
 
 
 def rounds_schedule(workers, knobs, steps):
@@ -406,10 +356,10 @@ def check_against_numpy(workers, knobs, steps, tolerance):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(480)
-def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path):
+@pytest.mark.timeout(600)
+def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path_factory):
     steps = 4
-    results = run_scenarios(tmp_path, dict(KERAS3, **AUTO_STEPS, **FIXED_STEPS), steps, TFSYNC_GROUP_SIZE=2)
+    results = keras3_job(tmp_path_factory)
     for name, knobs in AUTO_STEPS.items():
         check_local_steps(results[name], knobs, steps, tolerance=1e-6)
     check_against_numpy(results["periodic_period_3"], FIXED_STEPS["periodic_period_3"], steps, tolerance=1e-6)

@@ -6,29 +6,22 @@ import numpy as np
 import pytest
 
 from tests import reference
-from tests.test_hybrid import SCENARIOS, check_against_numpy, numpy_knobs, run_scenarios
+from tests.hybrid_jobs import COMPOSED, KERAS3_JOB, KERAS3_STEPS, SCENARIOS, keras3_job
+from tests.test_hybrid import check_against_numpy, numpy_knobs
 
-STEPS = 4
-# Periodic averaging with Top-K composed by hand (tests/workers/hybrid_steps.py's
-# composed_exchange): once with the settings the knobs of periodic_topk give (period 2, ratio
-# 0.25), once with its own period 3 and outer Nesterov step, none of which the strategy's knobs
-# say (hybrid's defaults).
-COMPOSED = {
-    "knobs_periodic_topk": SCENARIOS["periodic_topk"],
-    "composed_periodic_topk": {"composed": {"period": 2, "topk_ratio": 0.25}},
-    "composed_period_3_nesterov": {"composed": {"period": 3, "topk_ratio": 0.25, "outer": "nesterov",
-                                                "outer_lr": 0.5, "outer_momentum": 0.8}},
-}
-# What the last one trains, in the reference's knobs.
+STEPS = KERAS3_STEPS
+# The composed scenarios (hybrid_jobs.COMPOSED) run in the shared Keras 3 job, beside
+# periodic_topk built by the knobs. The last one trains, in the reference's knobs:
 PERIOD_3_NESTEROV = {"compression": "topk", "topk_ratio": 0.25, "period": 3, "cross_group": "periodic",
                      "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8, "local_steps": "fixed"}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_hybrid_exchange_composed_in_python_equals_the_knobs_and_numpy(tmp_path):
-    results = run_scenarios(tmp_path, COMPOSED, STEPS, TFSYNC_GROUP_SIZE=2)
-    for knobs_built, composed in zip(results["knobs_periodic_topk"], results["composed_periodic_topk"]):
+@pytest.mark.timeout(600)
+def test_hybrid_exchange_composed_in_python_equals_the_knobs_and_numpy(tmp_path_factory):
+    assert set(COMPOSED) <= set(KERAS3_JOB) and KERAS3_JOB["periodic_topk"] == SCENARIOS["periodic_topk"]
+    results = keras3_job(tmp_path_factory)
+    for knobs_built, composed in zip(results["periodic_topk"], results["composed_periodic_topk"]):
         for key in ("kernel", "bias", "kernel0", "bias0"):
             np.testing.assert_array_equal(composed[key], knobs_built[key])
         assert float(composed["bytes_sent"]) == float(knobs_built["bytes_sent"])

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tests import reference
-from tests.test_hybrid import check_against_numpy, rounds_schedule, run_scenarios
+from tests.hybrid_jobs import run_scenarios
+from tests.test_hybrid import check_against_numpy, rounds_schedule
 
 STEPS = 8
 KNOBS = {"compression": "topk", "topk_ratio": 0.25, "staleness": 2, "cross_group": "stale"}

@@ -13,13 +13,25 @@ from tests.conftest import PYTHON, WORKERS, run_checked
 from tfsync_testbed import localrun
 
 STEPS = 4
+# One horovodrun -np 4 job (groups of 2) trains every scenario in turn; the tests assert on it.
+SCENARIOS = {
+    "stale_sgd": {"compression": "none", "staleness": 0, "cross_group": "stale", "optimizer": "sgd"},
+    "stale_adam": {"compression": "none", "staleness": 0, "cross_group": "stale", "optimizer": "adam"},
+    "periodic_1": {"compression": "none", "period": 1, "cross_group": "periodic", "optimizer": "sgd"},
+}
 
 
-def run_hybrid(tmp_path, knobs, optimizer):
-    command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "hybrid_public.py"), str(tmp_path),
-                                              json.dumps(knobs), f"--steps={STEPS}", f"--optimizer={optimizer}"])
-    run_checked(command, timeout=200, TFSYNC_GROUP_SIZE=2)
-    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(4)]
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    outdir = tmp_path_factory.mktemp("hybrid_public")
+    command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "hybrid_public.py"), str(outdir),
+                                              json.dumps(SCENARIOS), f"--steps={STEPS}"])
+    run_checked(command, timeout=280, TFSYNC_GROUP_SIZE=2)
+    return outdir
+
+
+def run_hybrid(outdir, name):
+    ranks = [np.load(outdir / f"{name}.rank{r}.npz") for r in range(4)]
     assert [list(g) for g in ranks[0]["groups"]] == [[0, 1], [2, 3]]
     assert all(int(r["iterations"]) == STEPS for r in ranks)
     # Ranks start from their own weights; the broadcast makes rank 0's everyone's start.
@@ -36,20 +48,19 @@ def check(ranks, want, tolerance):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-@pytest.mark.timeout(240)
-def test_stale_with_staleness_0_and_no_compression_equals_sync(tmp_path, optimizer):
-    knobs = {"compression": "none", "staleness": 0, "cross_group": "stale"}
-    ranks = run_hybrid(tmp_path, knobs, optimizer)
+@pytest.mark.timeout(330)
+def test_stale_with_staleness_0_and_no_compression_equals_sync(job, optimizer):
+    ranks = run_hybrid(job, f"stale_{optimizer}")
     x, y = reference.linear_data(STEPS, 4)
     check(ranks, reference.mean_gradient_training(ranks[0]["kernel0"], ranks[0]["bias0"], x, y, optimizer),
           tolerance=1e-5)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_periodic_with_period_1_and_no_compression_averages_every_step(tmp_path):
-    knobs = {"compression": "none", "period": 1, "cross_group": "periodic"}
-    ranks = run_hybrid(tmp_path, knobs, "sgd")
+@pytest.mark.timeout(330)
+def test_periodic_with_period_1_and_no_compression_averages_every_step(job):
+    knobs = {k: v for k, v in SCENARIOS["periodic_1"].items() if k != "optimizer"}
+    ranks = run_hybrid(job, "periodic_1")
     x, y = reference.linear_data(STEPS, 4)
     want = reference.hybrid_training(ranks[0]["kernel0"], ranks[0]["bias0"], x, y, [[0, 1], [2, 3]], **knobs)
     check(ranks, want[0], tolerance=1e-6)

@@ -33,6 +33,7 @@ def task_lines(stdout):
     return [l for l in stdout.splitlines() if " task " in l]
 
 
+@pytest.mark.slow  # a launched cluster of processes
 @pytest.mark.timeout(90)
 def test_one_tf_config_per_task_on_loopback_and_the_chief_status():
     result = launch("--workers", "2", "--ps", "1", chief_status=5)
@@ -51,6 +52,7 @@ def test_one_tf_config_per_task_on_loopback_and_the_chief_status():
         assert prefix == f"[{role}:{index}]"
 
 
+@pytest.mark.slow  # a launched cluster of processes
 @pytest.mark.timeout(90)
 def test_a_dying_worker_stops_the_cluster_unless_tolerated():
     result = launch("--workers", "2", "--ps", "1", chief_seconds=30, worker_dies_after=1)
@@ -62,6 +64,7 @@ def test_a_dying_worker_stops_the_cluster_unless_tolerated():
     assert "[launch] worker:1 exited with status 7; the others go on" in tolerated.stdout
 
 
+@pytest.mark.slow  # a launched cluster of processes
 @pytest.mark.timeout(120)
 def test_max_restarts_restarts_a_worker_at_its_address_then_stops():
     result = launch("--workers", "2", "--ps", "1", "--max_restarts", "2", chief_seconds=30, worker_dies_after=0.5,
@@ -77,6 +80,7 @@ def test_max_restarts_restarts_a_worker_at_its_address_then_stops():
     assert len({l.split(" ", 4)[4] for l in task_lines(result.stdout)}) == 1
 
 
+@pytest.mark.slow  # a launched cluster of processes
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("who", ["ps", "chief"])
 def test_max_restarts_starts_the_cluster_again_when_a_ps_or_the_chief_dies(who):
@@ -90,12 +94,14 @@ def test_max_restarts_starts_the_cluster_again_when_a_ps_or_the_chief_dies(who):
     assert [l.split(" task ")[0] for l in task_lines(result.stdout)].count("[chief:0]") == 2
 
 
+@pytest.mark.slow  # a launched cluster of processes
 @pytest.mark.timeout(120)
 def test_a_chief_that_exits_2_for_bad_input_is_not_restarted():
     result = launch("--workers", "1", "--ps", "1", "--max_restarts", "3", chief_status=2)
     assert result.returncode == 2 and "restarting" not in result.stdout, result.stdout
 
 
+@pytest.mark.slow  # a launched cluster of processes
 @pytest.mark.timeout(90)
 def test_timeout_tears_everything_down():
     started = time.monotonic()
@@ -105,6 +111,7 @@ def test_timeout_tears_everything_down():
     assert time.monotonic() - started < 40
 
 
+@pytest.mark.slow  # a launched cluster of processes
 @pytest.mark.timeout(90)
 def test_ctrl_c_tears_everything_down():
     command = [PYTHON, "-m", "tfsyncmodes.launch", "--workers", "1", "--ps", "1", "--", PYTHON, "-c",

@@ -17,6 +17,7 @@ def results(stdout):
                    if "RESULT " in line), key=lambda r: r["rank"])
 
 
+@pytest.mark.slow  # horovodrun jobs
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
 @pytest.mark.timeout(200)
 def test_argparse_script_under_horovodrun_wraps_in_the_strategys_mode(legacy):
@@ -34,6 +35,7 @@ def test_argparse_script_under_horovodrun_wraps_in_the_strategys_mode(legacy):
         assert "no hybrid strategy's scope is active" in r["unscoped"]
 
 
+@pytest.mark.slow  # horovodrun jobs
 @pytest.mark.timeout(300)
 def test_hybrid_state_saved_mid_training_resumes_exactly_in_a_fresh_job(tmp_path):
     env = {"TFSYNC_GROUP_SIZE": 2, "TFSYNC_COMPRESSION": "topk", "TFSYNC_TOPK_RATIO": 0.25,

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from tests import reference
+from tests import reference, sync_jobs
 from tests.conftest import PYTHON, WORKERS, run_checked
 from tfsync_testbed import localrun
 
@@ -100,9 +100,10 @@ def test_horovod_under_tf_keras(tmp_path):
     check_epoch_loss_is_the_mean_over_ranks(workers, steps=3, optimizer="sgd")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(200)
-def test_strategy_reduce_sums_and_averages_over_the_ranks():
-    out = run_checked(localrun.horovodrun_command(2, [PYTHON, os.path.join(WORKERS, "reduce_ranks.py")]), timeout=170)
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in out.stdout.splitlines() if "RESULT " in line]
-    assert sorted((r["rank"], r["sum"], r["mean"]) for r in results) == [(0, 3.0, 1.5), (1, 3.0, 1.5)]
+@pytest.mark.timeout(330)
+def test_strategy_reduce_sums_and_averages_over_the_ranks(tmp_path_factory):
+    # Each rank contributes rank + 1, at the end of the shared two-rank job (tests/sync_jobs.py).
+    outdir = sync_jobs.job(2, tmp_path_factory)
+    results = [np.load(outdir / f"reduce.worker{rank}.npz") for rank in range(2)]
+    assert [(rank, float(r["sum"]), float(r["mean"])) for rank, r in enumerate(results)] == [(0, 3.0, 1.5),
+                                                                                             (1, 3.0, 1.5)]

@@ -1,29 +1,20 @@
 """Sync mode under ``horovodrun -np 2`` with a quantizing compression (int8, topk_int2) and with
 Top-K under DGC's corrections, against a NumPy replay of the steps: every rank holds the same
 bits, the weights are the replay's, and the bytes in the History are the quantized payload's."""
-import os
-
 import numpy as np
 import pytest
 
-from tests import reference, reference_compression as ref
-from tests.conftest import PYTHON, WORKERS, run_checked
-from tfsync_testbed import localrun
+from tests import reference, reference_compression as ref, sync_jobs
 
 SIZE = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
 STEPS, RATIO = 4, 0.25
 
 
-def run_sync(tmp_path, num_proc, **env):
-    command = localrun.horovodrun_command(num_proc, [PYTHON, os.path.join(WORKERS, "sync_steps.py"), str(tmp_path),
-                                                     f"--steps={STEPS}"])
-    run_checked(command, timeout=200, **env)
-    workers = [np.load(tmp_path / f"worker{i}.npz") for i in range(num_proc)]
-    for w in workers:
-        assert int(w["iterations"]) == STEPS
-        np.testing.assert_array_equal(w["kernel"], workers[0]["kernel"])  # the same bits everywhere
-        np.testing.assert_array_equal(w["bias"], workers[0]["bias"])
-    return workers
+def run_sync(tmp_path_factory, name):
+    """Scenario `name` of the shared two-rank job (tests/sync_jobs.py): every rank ran STEPS
+    steps and holds the same bits."""
+    assert sync_jobs.JOBS[2][name]["steps"] == STEPS
+    return sync_jobs.scenario(sync_jobs.job(2, tmp_path_factory), name, 2)
 
 
 def check_weights(worker, kernel, bias):
@@ -36,9 +27,9 @@ def check_weights(worker, kernel, bias):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("compression", ["int8", "topk_int2"])
-@pytest.mark.timeout(240)
-def test_quantized_sync_steps_equal_numpy(tmp_path, compression):
-    workers = run_sync(tmp_path, 2, TFSYNC_COMPRESSION=compression, TFSYNC_TOPK_RATIO=RATIO)
+@pytest.mark.timeout(330)
+def test_quantized_sync_steps_equal_numpy(tmp_path_factory, compression):
+    workers = run_sync(tmp_path_factory, compression)
     x, y = reference.linear_data(STEPS, 2)
     kernel, bias = ref.compressed_sync_training(workers[0]["kernel0"], workers[0]["bias0"], x, y,
                                                 compression, RATIO)
@@ -49,11 +40,12 @@ def test_quantized_sync_steps_equal_numpy(tmp_path, compression):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_dgc_sync_steps_equal_numpy(tmp_path):
+@pytest.mark.timeout(330)
+def test_dgc_sync_steps_equal_numpy(tmp_path_factory):
     ratio, warmup, clip = 0.1, 2, 0.5  # steps 0-1 send 25 % of the entries, then 10 %
-    workers = run_sync(tmp_path, 2, TFSYNC_COMPRESSION="topk", TFSYNC_TOPK_RATIO=ratio, TFSYNC_DGC="on",
-                       TFSYNC_DGC_MOMENTUM=0.9, TFSYNC_DGC_CLIP_NORM=clip, TFSYNC_DGC_WARMUP_STEPS=warmup)
+    assert sync_jobs.JOBS[2]["dgc"] == dict(steps=STEPS, compression="topk", topk_ratio=ratio, dgc=True,
+                                            dgc_momentum=0.9, dgc_clip_norm=clip, dgc_warmup_steps=warmup)
+    workers = run_sync(tmp_path_factory, "dgc")
     x, y = reference.linear_data(STEPS, 2)
     kernel, bias = ref.compressed_sync_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, "topk", ratio,
                                                 dgc=True, momentum=0.9, clip_norm=clip, warmup_steps=warmup)

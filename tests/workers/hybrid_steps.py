@@ -6,7 +6,8 @@ SCENARIOS_JSON maps a scenario name to knob overrides (compression, staleness, .
 {"composed": SETTINGS}: a periodic exchange composed in Python from typed parts (see
 composed_exchange), passed as strategy.wrap(optimizer, exchange=...). A scenario's
 "sleep_after_step": {RANK: SECONDS} makes those ranks sleep after every step (stragglers of
-chosen speeds; --sync_slow_worker=INDEX:FACTOR among the knobs sleeps FACTOR / 4 seconds). The groups come from the
+chosen speeds; --sync_slow_worker=INDEX:FACTOR among the knobs sleeps FACTOR / 4 seconds), and
+its "steps" the steps it trains (default --steps). The groups come from the
 environment (TFSYNC_GROUP_SIZE / TFSYNC_GROUPS). Every rank gets its own
 rows of a dataset every process can rebuild from the seed, and starts from its own weights,
 so equal results prove the initial broadcast. Saves OUTDIR/<scenario>.rank<R>.npz.
@@ -83,13 +84,14 @@ def main(argv):
     base = strategy.config
     rank = strategy.worker_index
     replicas = strategy.num_replicas_in_sync
-    x, y = reference.linear_data(args.steps, replicas)
 
     def dataset_fn(context):
         return tf.data.Dataset.from_tensor_slices((x[:, rank], y[:, rank])).unbatch().batch(reference.BATCH)
 
     for name, overrides in json.loads(args.scenarios).items():
         overrides = dict(overrides)
+        steps = int(overrides.pop("steps", args.steps))
+        x, y = reference.linear_data(steps, replicas)  # what dataset_fn reads
         composed = overrides.pop("composed", None)
         sleeps = {int(r): float(t) for r, t in overrides.pop("sleep_after_step", {}).items()}
         knobs = config_lib.resolve(dict(overrides, mode="hybrid"), environ={
@@ -109,7 +111,7 @@ def main(argv):
         factor = slow_worker_factor(knobs, rank)
         slow = [SleepAfterStep(factor / 4.0)] if factor > 1.0 and not base.slow_worker else []
         slow += [SleepAfterStep(sleeps[rank])] if rank in sleeps else []
-        history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0,
+        history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=steps, verbose=0,
                                callbacks=[rounds] + slow)
         found = links(model.optimizer)
         policy = model.optimizer.exchange.find(CrossGroupPolicy)

@@ -1,12 +1,21 @@
 """Trains a linear model for a few steps in sync mode and saves what the test needs to check it.
 
     python sync_steps.py OUTDIR [--optimizer=sgd|adam] [--steps=N] [--logical_cpus=N] [--sync_...]
+    horovodrun -np N python sync_steps.py OUTDIR --scenarios=JSON [--steps=N] [--reduce]
 
 Runs under horovodrun, under a TF_CONFIG cluster, or alone (MirroredStrategy). Every replica
 gets its own rows of a dataset that every process can rebuild from the seed; each worker
 starts from different initial weights, so identical results prove the initial broadcast.
 tfsyncmodes' own ``--sync_`` flags are left to it (it reads them from the command line).
+Saves OUTDIR/worker<I>.npz.
+
+With --scenarios (under horovodrun), one job runs several trainings one after the other:
+JSON maps a scenario name to its knobs, given to ``make_strategy("sync", ...)`` as code
+arguments, and optionally its "optimizer" and "steps"; each saves OUTDIR/<name>.worker<I>.npz. --reduce
+then has every rank contribute rank + 1 to ``strategy.reduce`` (SUM and MEAN) and saves the
+two results in OUTDIR/reduce.worker<I>.npz.
 """
+import json
 import os
 import sys
 
@@ -15,30 +24,15 @@ import numpy as np
 from tests import reference
 
 
-def main(argv):
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("outdir")
-    parser.add_argument("--optimizer", default="sgd")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--logical_cpus", type=int, default=0)
-    parser.add_argument("--backend", default=None)
-    args, _ = parser.parse_known_args(argv)  # the --sync_ flags are tfsyncmodes'
-
+def train(outdir, prefix, strategy, optimizer, steps):
+    """One fit of `steps` steps under `strategy`; saves OUTDIR/<prefix>worker<I>.npz."""
     import tensorflow as tf
-
-    if args.logical_cpus:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus)
 
     import tfsyncmodes
     from tfsyncmodes.keras.compat import keras
 
-    strategy = tfsyncmodes.make_strategy("sync", backend=args.backend)
     replicas = strategy.num_replicas_in_sync
-    x, y = reference.linear_data(args.steps, replicas)  # [step, replica, batch, ...]
+    x, y = reference.linear_data(steps, replicas)  # [step, replica, batch, ...]
 
     def dataset_fn(context):
         local = replicas // context.num_input_pipelines
@@ -51,18 +45,56 @@ def main(argv):
         keras.utils.set_random_seed(100 + strategy.worker_index)
         model = keras.Sequential([keras.Input((reference.FEATURES,)), keras.layers.Dense(reference.OUTPUTS)])
         initial = [np.array(w) for w in model.get_weights()]
-        inner = (keras.optimizers.SGD(reference.LR) if args.optimizer == "sgd"
+        inner = (keras.optimizers.SGD(reference.LR) if optimizer == "sgd"
                  else keras.optimizers.Adam(reference.LR))
         model.compile(optimizer=tfsyncmodes.wrap(inner, "sync"), loss="mse", jit_compile=False)
-    history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=args.steps, verbose=0)
+    history = strategy.fit(model, dataset_fn, epochs=1, steps_per_epoch=steps, verbose=0)
     final = model.get_weights()
-    np.savez(os.path.join(args.outdir, f"worker{strategy.worker_index}.npz"),
+    np.savez(os.path.join(outdir, f"{prefix}worker{strategy.worker_index}.npz"),
              kernel0=initial[0], bias0=initial[1], kernel=final[0], bias=final[1],
              iterations=int(np.asarray(model.optimizer.iterations)), replicas=replicas,
              epoch_loss=history.history["loss"][-1],
              backend=strategy.backend, optimizer_class=type(model.optimizer).__name__,
              bytes_sent=history.history.get("bytes_sent", [-1.0])[-1],
              compression_ratio=history.history.get("compression_ratio", [-1.0])[-1])
+
+
+def main(argv):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("outdir")
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--logical_cpus", type=int, default=0)
+    parser.add_argument("--backend", default=None)
+    parser.add_argument("--scenarios", default=None)
+    parser.add_argument("--reduce", action="store_true")
+    args, _ = parser.parse_known_args(argv)  # the --sync_ flags are tfsyncmodes'
+
+    import tensorflow as tf
+
+    if args.logical_cpus:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.logical_cpus)
+
+    import tfsyncmodes
+
+    if args.scenarios is None:
+        strategy = tfsyncmodes.make_strategy("sync", backend=args.backend)
+        train(args.outdir, "", strategy, args.optimizer, args.steps)
+    else:
+        for name, knobs in json.loads(args.scenarios).items():
+            knobs = dict(knobs)
+            optimizer, steps = knobs.pop("optimizer", args.optimizer), knobs.pop("steps", args.steps)
+            strategy = tfsyncmodes.make_strategy("sync", backend=args.backend, **knobs)
+            train(args.outdir, f"{name}.", strategy, optimizer, steps)
+    if args.reduce:
+        value = tf.constant(float(strategy.worker_index + 1))
+        np.savez(os.path.join(args.outdir, f"reduce.worker{strategy.worker_index}.npz"),
+                 sum=float(strategy.reduce(tf.distribute.ReduceOp.SUM, value)),
+                 mean=float(strategy.reduce(tf.distribute.ReduceOp.MEAN, value)))
 
 
 if __name__ == "__main__":
