@@ -1,4 +1,5 @@
-"""Shared fixtures: clean subprocess environments, free loopback ports, no leftover processes."""
+"""Shared fixtures: clean subprocess environments, loopback ports owned for a test's duration, no
+leftover processes."""
 import json
 import os
 import subprocess
@@ -6,11 +7,12 @@ import sys
 import tempfile
 import time
 
+import socket
+
 import psutil
 import pytest
 
 from tfsync_testbed import localrun
-from tfsyncmodes.launch import free_ports  # noqa: F401  (re-exported for the tests)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "tests", "workers")
@@ -87,6 +89,35 @@ def run_cluster(commands, timeout, env_per_task):
     for index in failed:
         pytest.fail(f"task {index} exited {results[index].returncode}:\n{results[index].stdout[-6000:]}")
     return results
+
+
+# TensorFlow's gRPC server binds its port with SO_REUSEPORT when this is set, so it can bind a
+# port that `owned_ports` holds (also with SO_REUSEPORT, never listening).
+REUSE_PORT_ENV = {"TF_GRPC_REUSE_PORT": "1"}
+
+
+@pytest.fixture
+def owned_ports():
+    """``take(count)``: `count` 127.0.0.1 ports this test owns until it ends. Each is a socket
+    bound with SO_REUSEPORT and held open, so no other process can bind the port (a bind
+    without SO_REUSEPORT, or by another user, is refused), while the TensorFlow servers the test
+    starts with ``REUSE_PORT_ENV`` bind it beside the held socket; a port no server binds is
+    refused to clients (nothing listens). Nothing is picked, released and hoped for."""
+    held = []
+
+    def take(count):
+        taken = []
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(("127.0.0.1", 0))
+            held.append(sock)
+            taken.append(sock.getsockname()[1])
+        return taken
+
+    yield take
+    for sock in held:
+        sock.close()
 
 
 def owned_processes():

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, clean_env, free_ports, tf_config
+from tests.conftest import PYTHON, REPO, REUSE_PORT_ENV, clean_env, tf_config
 from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
@@ -13,7 +13,9 @@ SLACK_SECONDS = 15
 
 
 def run_train(args, timeout=90, **env):
-    return localrun.run([PYTHON, TRAIN, "--epochs=1", *args], timeout=timeout, env=clean_env(**env),
+    """train.py; a TensorFlow server it starts binds a port the test owns (``owned_ports``)."""
+    return localrun.run([PYTHON, TRAIN, "--epochs=1", *args], timeout=timeout,
+                        env=clean_env(**REUSE_PORT_ENV, **env),
                         cwd=REPO)
 
 
@@ -31,8 +33,8 @@ def assert_one_clear_error(result, *words, status=2):
         assert word in errors[0]
 
 
-def worker_tf_config(*extra_roles):
-    ports = free_ports(2 + len(extra_roles))
+def worker_tf_config(take, *extra_roles):
+    ports = take(2 + len(extra_roles))
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[:2]]}
     for role, port in zip(extra_roles, ports[2:]):
         cluster[role] = [f"127.0.0.1:{port}"]
@@ -67,15 +69,15 @@ def test_config_file_with_unknown_key(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_ps_role_is_refused_in_sync_mode():
-    cluster = worker_tf_config("ps")
+def test_ps_role_is_refused_in_sync_mode(owned_ports):
+    cluster = worker_tf_config(owned_ports, "ps")
     result = run_train([], TF_CONFIG=tf_config(cluster, "worker", 0))
     assert_one_clear_error(result, "cluster.ps", "not used by --sync_mode=sync")
 
 
 @pytest.mark.timeout(240)
-def test_missing_worker_fails_within_the_collective_timeout():
-    cluster = worker_tf_config()
+def test_missing_worker_fails_within_the_collective_timeout(owned_ports):
+    cluster = worker_tf_config(owned_ports)
     # Starting Python, TensorFlow and the script, as long as it takes on this machine now:
     # a run that stops at the configuration, before any waiting.
     started = time.monotonic()
@@ -92,8 +94,8 @@ def test_missing_worker_fails_within_the_collective_timeout():
     assert elapsed >= 8 and elapsed - startup < 8 + SLACK_SECONDS, (elapsed, startup)
 
 
-def async_cluster(*roles):
-    ports = iter(free_ports(len(roles)))
+def async_cluster(take, *roles):
+    ports = iter(take(len(roles)))
     cluster = {}
     for role in roles:
         cluster.setdefault(role, []).append(f"127.0.0.1:{next(ports)}")
@@ -103,19 +105,19 @@ def async_cluster(*roles):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tf_config_text, words", [
     (None, ["TF_CONFIG", "needs a cluster with chief, worker and ps", "tfsyncmodes.launch"]),
-    (lambda: tf_config(async_cluster("chief", "worker"), "chief", 0), ["cluster.ps", "needs at least one 'ps'"]),
-    (lambda: tf_config(async_cluster("chief", "ps"), "chief", 0), ["cluster.worker", "needs at least one 'worker'"]),
-    (lambda: '{"cluster": {"worker": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, '
+    (lambda take: tf_config(async_cluster(take, "chief", "worker"), "chief", 0), ["cluster.ps", "needs at least one 'ps'"]),
+    (lambda take: tf_config(async_cluster(take, "chief", "ps"), "chief", 0), ["cluster.worker", "needs at least one 'worker'"]),
+    (lambda take: '{"cluster": {"worker": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, '
              '"task": {"type": "worker", "index": 0}}', ["TF_CONFIG", "worker", "is given twice"]),
 ], ids=["unset", "no-ps", "no-worker", "role-twice"])
-def test_async_cluster_errors(tf_config_text, words):
-    env = {"TF_CONFIG": tf_config_text()} if tf_config_text else {}
+def test_async_cluster_errors(tf_config_text, words, owned_ports):
+    env = {"TF_CONFIG": tf_config_text(owned_ports)} if tf_config_text else {}
     assert_one_clear_error(run_train(["--sync_mode=async"], **env), *words)
 
 
 @pytest.mark.timeout(120)
-def test_async_refuses_sharding_under_keras3():
-    cluster = async_cluster("chief", "worker", "ps", "ps")
+def test_async_refuses_sharding_under_keras3(owned_ports):
+    cluster = async_cluster(owned_ports, "chief", "worker", "ps", "ps")
     result = run_train(["--sync_mode=async", "--sync_ps_shards=2"], TF_CONFIG=tf_config(cluster, "chief", 0),
                        TFSYNC_COLLECTIVE_TIMEOUT="20")
     assert_one_clear_error(result, "ps_shards", "Keras 3", "TF_USE_LEGACY_KERAS=1")

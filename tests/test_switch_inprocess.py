@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from tests import reference
+from tests import reference, reference_switch
 from tests.conftest import PYTHON, WORKERS, run_checked
 from tfsyncmodes import schedule as schedule_lib
 from tfsyncmodes.exchange import recipes
@@ -233,6 +233,14 @@ def test_keras3_sync_hybrid_sync_periodic_equal_numpy_and_one_state_after(tmp_pa
         for w in adam[1:]:
             np.testing.assert_array_equal(w["end"][t], adam[0]["end"][t])
     assert np.abs(adam[0]["end"][8] - adam[2]["end"][8]).max() > 1e-4
+    # ... and every step equals NumPy's Adam whose moments are averaged on leaving hybrid (rank
+    # 0's moments kept instead would be another model from step 9 on).
+    x, y = reference.linear_data(STEPS, 4)
+    want = reference_switch.adam_through_phases(
+        *_split(adam[0]["initial"]), np.concatenate([x] * EPOCHS), np.concatenate([y] * EPOCHS),
+        [(p.mode, p.start, p.end) for p in phases], [list(g) for g in adam[0]["groups"]], period)
+    for rank, w in enumerate(adam):
+        np.testing.assert_allclose(w["end"], want[:, rank], rtol=0, atol=1e-5, err_msg=f"Adam, rank {rank}")
     # One log line per switch, on the chief only.
     lines = [line for line in (result.stdout + result.stderr).splitlines() if "switched" in line]
     assert len(lines) == 4 and all(line.startswith("[0]") for line in lines), lines

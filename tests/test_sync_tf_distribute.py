@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.conftest import PYTHON, WORKERS, free_ports, run_checked, run_cluster, tf_config
+from tests.conftest import PYTHON, REUSE_PORT_ENV, WORKERS, run_checked, run_cluster, tf_config
 from tests.test_sync_horovod import check_mean_gradient_training, load_workers
 
 
@@ -23,10 +23,11 @@ def test_mirrored_two_logical_cpus_equals_numpy(tmp_path, legacy):
 @pytest.mark.slow
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
 @pytest.mark.timeout(240)
-def test_multi_worker_two_processes_equals_numpy(tmp_path, legacy):
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+def test_multi_worker_two_processes_equals_numpy(tmp_path, legacy, owned_ports):
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in owned_ports(2)]}
     command = [PYTHON, os.path.join(WORKERS, "sync_steps.py"), str(tmp_path)]
-    envs = [dict(TF_CONFIG=tf_config(cluster, "worker", i), **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {}))
+    envs = [dict(TF_CONFIG=tf_config(cluster, "worker", i), **REUSE_PORT_ENV,
+                 **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {}))
             for i in range(2)]
     run_cluster([command, command], timeout=200, env_per_task=envs)
     workers = load_workers(tmp_path, 2)

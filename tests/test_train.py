@@ -5,7 +5,7 @@ import os
 import pytest
 
 from tests import events
-from tests.conftest import PYTHON, REPO, free_ports, run_checked, run_cluster, tf_config
+from tests.conftest import PYTHON, REPO, REUSE_PORT_ENV, run_checked, run_cluster, tf_config
 from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
@@ -52,11 +52,12 @@ def test_train_horovodrun_four_ranks_chief_only_output(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_train_multi_worker_from_tf_config(tmp_path):
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+def test_train_multi_worker_from_tf_config(tmp_path, owned_ports):
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in owned_ports(2)]}
     command = [PYTHON, *train_args(tmp_path)]
     results = run_cluster([command, command], timeout=260,
-                          env_per_task=[{"TF_CONFIG": tf_config(cluster, "worker", i)} for i in range(2)])
+                          env_per_task=[{"TF_CONFIG": tf_config(cluster, "worker", i), **REUSE_PORT_ENV}
+                                         for i in range(2)])
     check_run(tmp_path, "multi_worker", 2)
     assert "test accuracy:" in results[0].stdout and "test accuracy:" not in results[1].stdout
     # The fit-like loop shows the chief's progress bar, and only the chief's.
