@@ -1,5 +1,6 @@
 """Elastic sync (``--sync_elastic``) under ``horovodrun --min-np/--max-np --host-discovery-script``
-on loopback: a rank that dies mid-epoch, and the knob refused outside horovodrun's elastic mode.
+on loopback: a rank that dies mid-epoch, a rank the discovery script adds, and the knob refused
+outside horovodrun's elastic mode.
 
 The discovery script names this one machine three ways (localhost, 127.0.0.1, its host name),
 one slot each: Horovod's driver blacklists the host of a failed rank, and with one name per
@@ -87,6 +88,15 @@ def test_a_lost_rank_rolls_back_to_the_last_commit_and_training_goes_on(tmp_path
     resumed = float(re.search(r"first step in a world of 2 at ([\d.]+)", output).group(1))
     print(f"recovery: {resumed - killed:.1f} s")
     assert 0 < resumed - killed < 60
+
+
+def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path):
+    script, hosts = discovery(tmp_path, NAMES[:2])
+    ranks, output, _ = elastic_job(tmp_path, script, 2, ELASTIC_ADD=f"0:{hosts}:{NAMES[2]}:1")
+    assert "tfsyncmodes: world 2 -> 3 at epoch" in output, output[-4000:]
+    # The new rank started from other weights (seeded by rank) and ends with the others'.
+    history = check_one_model_all_steps(ranks, 3)
+    assert history["world_size"][0] == 2.0 and history["world_size"][-1] == 3.0
 
 
 def test_elastic_outside_horovodrun_elastic_mode_is_one_line_and_exit_2():

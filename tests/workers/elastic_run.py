@@ -58,6 +58,8 @@ def main():
                     os._exit(1)
 
         def on_train_batch_end(self, batch, logs=None):
+            if os.environ.get("ELASTIC_ADD"):
+                time.sleep(0.2)  # slow enough for the driver to see the new host mid-run
             if hvd.size() != self.__dict__.setdefault("size", hvd.size()):
                 self.size = hvd.size()
                 if hvd.rank() == 0:
