@@ -257,6 +257,8 @@ BAD_KNOB_VALUES = {
     "switch_interval": INTEGER + ["1"], "switch_patience": INTEGER + ["0"],
     "quantize_sigma": NUMBER + ["0", "off"], "dgc": ["maybe", "2"], "dgc_momentum": NUMBER + ["1"],
     "dgc_clip_norm": NUMBER + ["0", "auto"], "dgc_warmup_steps": INTEGER + ["-1"],
+    "elastic": ["maybe", "2"], "elastic_commit": INTEGER + ["0", "-1", "step"],
+    "elastic_lr": ["bogus", "linear"],
 }
 
 

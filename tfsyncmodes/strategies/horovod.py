@@ -14,7 +14,7 @@ from tfsyncmodes.keras.callbacks import BroadcastInitialState, MetricAverage
 from tfsyncmodes.keras.hybrid_callbacks import WireTrafficLogger
 from tfsyncmodes.keras.xla import XlaOffForCollectives
 from tfsyncmodes.registry import BACKENDS
-from tfsyncmodes.strategies import devices
+from tfsyncmodes.strategies import devices, elastic
 from tfsyncmodes.strategies.base import ModeStrategy
 
 
@@ -92,6 +92,16 @@ class HorovodStrategy(ModeStrategy):
 
     def run(self, fn, args=(), kwargs=None):
         return fn(*args, **(kwargs or {}))
+
+    def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None):
+        """As :meth:`ModeStrategy.fit`; with ``elastic`` on, through Horovod's elastic loop
+        (:mod:`tfsyncmodes.strategies.elastic`)."""
+        if not self.config.elastic:
+            return super().fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                               callbacks=callbacks, verbose=verbose)
+        return elastic.fit(self, model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                           callbacks=callbacks,
+                           verbose=self.default_verbose() if verbose is None else verbose)
 
     def _correctness_callbacks(self) -> List:
         # Traffic first, so that MetricAverage and History see it.

@@ -3,6 +3,11 @@
 a TF_CONFIG of several workers, MirroredStrategy otherwise)."""
 from __future__ import annotations
 
+import os
+
+from tfsyncmodes.config import field_of
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.knobs import KNOBS_BY_KEY
 from tfsyncmodes.registry import BACKENDS, MODES
 from tfsyncmodes.strategies.base import Mode
 
@@ -21,6 +26,21 @@ def chosen_backend(config, horovod, tf_config) -> str:
 @MODES.register("sync")
 class SyncMode(Mode):
     def make_strategy(self, config, horovod, tf_config):
-        backend = BACKENDS.get(chosen_backend(config, horovod, tf_config),
-                               config.sources.get("backend", "default"), "backend")
+        chosen = chosen_backend(config, horovod, tf_config)
+        if config.elastic:
+            _check_elastic(config, chosen)
+        backend = BACKENDS.get(chosen, config.sources.get("backend", "default"), "backend")
         return backend.from_environment(config, horovod, tf_config)
+
+
+def _check_elastic(config, backend: str) -> None:
+    """``elastic`` needs Horovod started by ``horovodrun`` in its elastic mode (which sets
+    ``HOROVOD_ELASTIC=1`` in every rank's environment)."""
+    source = config.sources.get("elastic", "default")
+    field = field_of(KNOBS_BY_KEY["elastic"], source)
+    fix = ("launch with: horovodrun --min-np N --max-np M --host-discovery-script SCRIPT python ..., "
+           "or turn elastic off")
+    if backend != "horovod":
+        raise ConfigError(source, field, f"needs the horovod backend, not {backend}", fix)
+    if os.environ.get("HOROVOD_ELASTIC") != "1":
+        raise ConfigError(source, field, "horovodrun is not in elastic mode", fix)

@@ -1,0 +1,111 @@
+"""Elastic sync (``--sync_elastic``) under ``horovodrun --min-np/--max-np --host-discovery-script``
+on loopback: a rank that dies mid-epoch, a rank the discovery script adds, and the knob refused
+outside horovodrun's elastic mode.
+
+The discovery script names this one machine three ways (localhost, 127.0.0.1, its host name),
+one slot each: Horovod's driver blacklists the host of a failed rank, and with one name per
+rank only the lost rank's name is blacklisted, so the job goes on with the others."""
+import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import PYTHON, REPO, WORKERS, clean_env
+from tests.workers.elastic_run import CLASSES, data
+from tfsync_testbed import localrun
+
+pytestmark = pytest.mark.slow
+NAMES = ("localhost", "127.0.0.1", socket.gethostname())
+EPOCHS, STEPS, COMMIT = 4, 12, 4
+
+
+def discovery(tmp_path, names):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("".join(f"{name}:1\n" for name in names))
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script, hosts
+
+
+def elastic_job(tmp_path, script, np_start, timeout=200, **env):
+    out = tmp_path / "out"
+    out.mkdir()
+    horovodrun = os.path.join(os.path.dirname(PYTHON), "horovodrun")
+    command = list(localrun.loopback_namespace_prefix()) + [
+        horovodrun, "--gloo", "--network-interface", "lo", "-np", str(np_start), "--min-np", "2",
+        "--max-np", "3", "--host-discovery-script", str(script),
+        PYTHON, os.path.join(WORKERS, "elastic_run.py")]
+    started = time.monotonic()
+    result = localrun.run(command, timeout=timeout, cwd=REPO, env=clean_env(
+        TFSYNC_ELASTIC="true", TFSYNC_ELASTIC_COMMIT=COMMIT, TFSYNC_COLLECTIVE_TIMEOUT=10,
+        ELASTIC_OUT=out, ELASTIC_EPOCHS=EPOCHS, ELASTIC_STEPS=STEPS, **env))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    ranks = {path.name: dict(np.load(out / path.name)) for path in sorted(out.iterdir())}
+    return ranks, output, time.monotonic() - started
+
+
+def numpy_accuracy(weights):
+    """The accuracy of the final softmax regression on held-out rows, computed in NumPy."""
+    x, y = data(rows=2000, seed=7)
+    kernel, bias = weights["arr_0"], weights["arr_1"]
+    assert kernel.shape == (x.shape[1], CLASSES)
+    return float(((x @ kernel + bias).argmax(axis=1) == y).mean())
+
+
+def check_one_model_all_steps(ranks, size):
+    assert len(ranks) == size, sorted(ranks)
+    first = next(iter(ranks.values()))
+    for name, rank in ranks.items():
+        for key in ("arr_0", "arr_1"):
+            np.testing.assert_array_equal(rank[key], first[key], err_msg=name)
+        assert int(rank["iterations"]) == EPOCHS * STEPS, name
+        assert int(rank["size"]) == size
+        history = json.loads(str(rank["history"]))
+        assert history["epoch"] == list(range(EPOCHS)), history
+    assert numpy_accuracy(first) >= 0.9
+    return json.loads(str(first["history"]))
+
+
+def test_a_lost_rank_rolls_back_to_the_last_commit_and_training_goes_on(tmp_path):
+    script, _ = discovery(tmp_path, NAMES)
+    ranks, output, _ = elastic_job(tmp_path, script, 3, ELASTIC_KILL=f"3:1:{COMMIT + 2}")
+    assert f"exits at epoch 1 step {COMMIT + 2}" in output
+    # Rolled back to the commit at step COMMIT of epoch 1, not to the epoch's start.
+    assert f"tfsyncmodes: world 3 -> 2 at epoch 1 step {COMMIT}" in output, output[-4000:]
+    history = check_one_model_all_steps(ranks, 2)
+    assert history["world_size"] == [3.0, 2.0, 2.0, 2.0]
+    # Recovery: from the exit to the first step finished by the two that are left (the survivors'
+    # collectives notice the loss within the collective timeout, 10 s here).
+    killed = float(re.search(r"exits at epoch 1 step \d+ at ([\d.]+)", output).group(1))
+    resumed = float(re.search(r"first step in a world of 2 at ([\d.]+)", output).group(1))
+    print(f"recovery: {resumed - killed:.1f} s")
+    assert 0 < resumed - killed < 60
+
+
+def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path):
+    script, hosts = discovery(tmp_path, NAMES[:2])
+    ranks, output, _ = elastic_job(tmp_path, script, 2, ELASTIC_ADD=f"0:{hosts}:{NAMES[2]}:1")
+    assert "tfsyncmodes: world 2 -> 3 at epoch" in output, output[-4000:]
+    # The new rank started from other weights (seeded by rank) and ends with the others'.
+    history = check_one_model_all_steps(ranks, 3)
+    assert history["world_size"][0] == 2.0 and history["world_size"][-1] == 3.0
+
+
+def test_elastic_outside_horovodrun_elastic_mode_is_one_line_and_exit_2():
+    command = [PYTHON, os.path.join(REPO, "scripts", "train.py"), "--sync_elastic", "--epochs", "1"]
+    result = subprocess.run(command, env=clean_env(), cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error")]
+    assert lines == ["tfsyncmodes: error: flag: --sync_elastic: needs the horovod backend, not "
+                     "mirrored; launch with: horovodrun --min-np N --max-np M --host-discovery-script "
+                     "SCRIPT python ..., or turn elastic off"], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,86 @@
+"""An elastic sync job for tests/test_elastic.py, run by ``horovodrun --min-np/--max-np``:
+a softmax regression on fixed synthetic data through ``strategy.fit``.
+
+Environment: ELASTIC_OUT (a directory: each rank still there at the end writes
+``rank<R>.npz`` with its weights, its optimizer's step count and the History), ELASTIC_KILL
+``SIZE:EPOCH:STEP`` (the last rank of a world of SIZE exits at once before that step; the time
+of the exit and of the first step finished in the new world are printed),
+ELASTIC_ADD ``EPOCH:FILE:LINE`` (rank 0 appends LINE to the discovery script's FILE at the end
+of that epoch), ELASTIC_EPOCHS, ELASTIC_STEPS."""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+FEATURES, CLASSES, PER_RANK_BATCH = 8, 3, 16
+
+
+def data(rows=4096, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, FEATURES)).astype("float32")
+    truth = np.random.default_rng(99).normal(size=(FEATURES, CLASSES))
+    return x, (x @ truth).argmax(axis=1).astype("int64")
+
+
+def main():
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    import tfsyncmodes
+    from tfsyncmodes.keras.compat import keras
+
+    epochs, steps = int(os.environ.get("ELASTIC_EPOCHS", 4)), int(os.environ.get("ELASTIC_STEPS", 12))
+    strategy = tfsyncmodes.make_strategy()
+    x, y = data()
+    with strategy.scope():
+        tf.random.set_seed(100 + hvd.rank())  # ranks start apart; the state is rank 0's
+        model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)])
+        model.compile(optimizer=strategy.wrap(keras.optimizers.SGD(0.5)),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], jit_compile=False)
+
+    def dataset_fn(ctx):
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).repeat().batch(PER_RANK_BATCH)
+
+    class Faults(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            kill = os.environ.get("ELASTIC_KILL")
+            if kill:
+                size, epoch, step = map(int, kill.split(":"))
+                if hvd.size() == size and hvd.rank() == size - 1 and self.epoch == epoch and batch == step:
+                    print(f"rank {hvd.rank()} exits at epoch {epoch} step {step} at {time.time():.3f}",
+                          flush=True)
+                    os._exit(1)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if os.environ.get("ELASTIC_ADD"):
+                time.sleep(0.2)  # slow enough for the driver to see the new host mid-run
+            if hvd.size() != self.__dict__.setdefault("size", hvd.size()):
+                self.size = hvd.size()
+                if hvd.rank() == 0:
+                    print(f"first step in a world of {self.size} at {time.time():.3f}", flush=True)
+
+        def on_epoch_end(self, epoch, logs=None):
+            add = os.environ.get("ELASTIC_ADD")
+            if add and hvd.rank() == 0:
+                at, path, line = add.split(":", 2)
+                if epoch == int(at) and hvd.size() == 2:
+                    with open(path, "a") as hosts:
+                        hosts.write(line + "\n")
+
+    history = strategy.fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps,
+                           callbacks=[Faults()], verbose=0)
+    out = os.environ["ELASTIC_OUT"]
+    np.savez(os.path.join(out, f"rank{hvd.rank()}.npz"), *[np.asarray(w) for w in model.get_weights()],
+             iterations=int(np.asarray(model.optimizer.iterations)), size=hvd.size(),
+             history=json.dumps({"epoch": history.epoch, **history.history}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Elastic sync under ``horovodrun --min-np/--max-np --host-discovery-script`` (knob ``elastic``):
+``fit`` driven by Horovod's own elastic loop (``horovod.common.elastic.run_fn``).
+
+The state kept in memory is the model's and the optimizer's variables (the exchange's state
+included: it is optimizer variables), the epoch, the step within it, the world size at start
+and the committed epoch logs. It is committed at every epoch's end, and every
+``elastic_commit`` steps when that is a number. When a rank is lost, the collectives of the
+others fail; they restore the last commit, Horovod re-forms the world without the lost rank,
+and training goes on from the committed step. When the discovery script adds a rank, every rank
+stops at the next commit, the world is re-formed and the new rank receives rank 0's state (a
+broadcast). Each attempt re-makes the dataset, so the data are sharded over the new world; the
+learning rate follows ``elastic_lr``. Each change is one line on rank 0,
+``tfsyncmodes: world 3 -> 2 at epoch E step S``, and the History's ``world_size`` per epoch.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from tfsyncmodes.exchange import communicators
+from tfsyncmodes.keras.compat import keras
+
+_LOST = ("horovod", "gloo")  # words in the message of a collective that failed with a peer
+
+
+def optimizer_variables(optimizer) -> list:
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def elastic_state(model, **values):
+    """Horovod's ``State`` over a Keras model: weights, optimizer variables and `values`."""
+    from horovod.common.elastic import ObjectState
+    import horovod.tensorflow as hvd
+
+    class _State(ObjectState):
+        def __init__(self):
+            self.model = model
+            self._snapshot()
+            super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **values)
+
+        def _variables(self):
+            return list(self.model.variables) + optimizer_variables(self.model.optimizer)
+
+        def _snapshot(self):
+            self._saved = [tf.identity(v) for v in self._variables()]
+
+        def save(self):
+            self._snapshot()
+            super().save()
+
+        def restore(self):
+            for variable, value in zip(self._variables(), self._saved):
+                variable.assign(value)
+            super().restore()
+
+        def sync(self):
+            communicators.broadcast_variables(self._variables(), 0, "tfsync.elastic")
+            self._snapshot()
+            super().sync()
+
+    return _State()
+
+
+class ElasticCommit(keras.callbacks.Callback):
+    """Counts the steps of an attempt, commits the state at epoch ends (and every `every`
+    steps), adds ``world_size`` to the epoch logs and keeps the committed epoch logs."""
+
+    def __init__(self, state, every, first_step: int):
+        super().__init__()
+        self.state, self.every, self.first_step = state, every, first_step
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.state.batch = self.first_step + batch + 1
+        if self.every != "epoch" and self.state.batch % int(self.every) == 0:
+            self.state.commit()
+
+    def on_epoch_end(self, epoch, logs=None):
+        import horovod.tensorflow as hvd
+
+        if logs is not None:
+            logs["world_size"] = float(hvd.size())
+        self.state.logs = self.state.logs + [(epoch, {k: float(v) for k, v in (logs or {}).items()})]
+        self.state.epoch, self.state.batch, self.first_step = epoch + 1, 0, 0
+        self.state.commit()
+
+
+def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verbose):
+    """``strategy.fit`` in elastic sync: the History of every committed epoch."""
+    import horovod.tensorflow as hvd
+    from horovod.common.elastic import run_fn
+    from horovod.common.exceptions import HorovodInternalError
+
+    if steps_per_epoch is None:
+        raise ValueError("elastic sync needs steps_per_epoch (the state counts steps)")
+    optimizer = model.optimizer
+    if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
+        optimizer.build(model.trainable_variables)
+    rate = optimizer.learning_rate
+    state = elastic_state(model, epoch=0, batch=0, start_size=hvd.size(), world=hvd.size(),
+                          base_lr=float(np.asarray(rate)), logs=[])
+    config = strategy.config
+    last = {}
+
+    def attempt(state):
+        size = hvd.size()
+        if state.world != size:
+            if hvd.rank() == 0:
+                print(f"tfsyncmodes: world {state.world} -> {size} at epoch {state.epoch} "
+                      f"step {state.batch}", file=sys.stderr, flush=True)
+            state.world = size
+        if config.elastic_lr == "scale":
+            model.optimizer.learning_rate.assign(state.base_lr * size / state.start_size)
+        while state.epoch < epochs:
+            first = state.batch
+            commit = ElasticCommit(state, config.elastic_commit, first)
+            # A part-done epoch is finished on its own, then the others run in one fit.
+            last_epoch = state.epoch + 1 if first else epochs
+            dataset = strategy.distribute_datasets_from_function(dataset_fn)
+            last["history"] = model.fit(
+                dataset, epochs=last_epoch, initial_epoch=state.epoch,
+                steps_per_epoch=steps_per_epoch - first, shuffle=False, verbose=verbose,
+                callbacks=strategy.with_required_callbacks(callbacks) + [commit])
+        return last.get("history")
+
+    def guarded(state):
+        try:
+            return attempt(state)
+        except tf.errors.OpError as error:
+            if any(word in str(error.message).lower() for word in _LOST):
+                raise HorovodInternalError(error) from None
+            raise
+
+    def reset():
+        hvd.shutdown()
+        hvd.init()
+        # The train function was traced in the old world: trace it again.
+        model.train_function = None
+        if hasattr(model, "make_train_function"):
+            model.make_train_function(force=True)
+
+    history = run_fn(guarded, reset)(state)
+    if history is None:
+        history = keras.callbacks.History()
+        history.set_model(model)
+    history.epoch = [epoch for epoch, _ in state.logs]
+    history.history = {}
+    for _, logs in state.logs:
+        for key, value in logs.items():
+            history.history.setdefault(key, []).append(value)
+    return history
