@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ import time
 from absl import app, flags
 
 from benchmarks.benchlib import DOCS, REPO, module_command, replace_section, repo_env
+from benchmarks.linkrate import link_rate
 
 flags.DEFINE_integer("steps", 20, "Steps per timed epoch.")
 flags.DEFINE_integer("repeats", 5, "Timed epochs per job (after one warm-up epoch).")
@@ -80,36 +80,6 @@ def worker(out_path: str) -> None:
             layout = getattr(strategy, "layout", None)
             json.dump({"epoch_step_seconds": times[1:], "parameters": int(model.count_params()),
                        "groups": [list(g) for g in layout.groups] if layout else None}, handle)
-
-
-BLAST = r"""
-import socket, sys, time
-if sys.argv[1] == "serve":
-    s = socket.create_server((sys.argv[2], 5201)); print("up", flush=True)
-    c, _ = s.accept(); total = 0; t0 = time.perf_counter()
-    while True:
-        data = c.recv(1 << 20)
-        if not data: break
-        total += len(data)
-    print(total / (time.perf_counter() - t0))
-else:
-    c = socket.create_connection((sys.argv[2], 5201)); chunk = b"x" * (1 << 20); end = time.perf_counter() + 2
-    while time.perf_counter() < end: c.sendall(chunk)
-    c.close()
-"""
-
-
-def link_rate(bed) -> float:
-    """Bytes/s of one TCP stream from host A to host B for 2 s."""
-    a, b = bed.hosts
-    server = b.popen([sys.executable, "-c", BLAST, "serve", b.address], stdout=subprocess.PIPE, text=True)
-    try:
-        server.stdout.readline()
-        a.run([sys.executable, "-c", BLAST, "send", b.address], timeout=60)
-        return float(server.communicate(timeout=60)[0].strip())
-    finally:
-        server.kill()
-        server.wait()
 
 
 def run_job(bed, mesh, mode: str, two_hosts: bool, env: dict) -> dict:

@@ -18,7 +18,8 @@ scripts/train.py's own flags
   --metrics_file         a path inside a file
   --model, --data        nomodule:f, x (not module:function) (by hand)
   --compute_ms           -5 (ran, now refused), nan (at_least)
-  --compute_slow_worker  abc (by hand)
+  --compute_slow_worker  1:4:5:5 (an empty window); abc, 1:0.5, 1:4:5 (tests/test_emulated_compute.py)
+  --compute_jitter       weibull:1; pareto:1, lognormal:0, nan (tests/test_emulated_compute.py)
   absl's own (--verbosity, --logtostderr, ...)  an unknown flag (--no_such_flag)
 tfsyncmodes' flags = TFSYNC_* variables = config-file keys (one parser per knob; every knob has
   its bad values in BAD_KNOB_VALUES, swept in one process through all four sources by
@@ -157,6 +158,8 @@ def one_clear_error(result):
     (["--sync_backend=mirrored", "--sync_compression=fp16"], ["compression", "mirrored backend"]),
     (["--seed=-1"], ["flag: --seed: -1 is out of range", "0..4294967295"]),
     (["--learning_rate=nan"], ["flag: --learning_rate: nan is not a finite number"]),
+    (["--compute_jitter=weibull:1"], ["flag: --compute_jitter: 'weibull:1' names no distribution", "pareto:ALPHA"]),
+    (["--compute_slow_worker=1:4:5:5"], ["flag: --compute_slow_worker: '1:4:5:5' is not accepted", "FROM < TO"]),
 ], ids=lambda value: value[0] if isinstance(value, list) else None)
 def test_bad_train_flags_are_one_line_with_status_2(args, words):
     result = localrun.run([PYTHON, TRAIN, *args], timeout=120, env=clean_env(), cwd=REPO)

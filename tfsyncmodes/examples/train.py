@@ -21,10 +21,10 @@ import time
 import numpy as np
 import tensorflow as tf
 from absl import flags, logging
-from tensorflow.python.data.experimental.ops import testing
 
 import tfsyncmodes
 from tfsyncmodes.errors import ConfigError, at_least
+from tfsyncmodes.examples import emulated_compute
 from tfsyncmodes.keras.compat import keras
 from tfsyncmodes.paths import usable_directory
 from tfsyncmodes.switching.phases import plan as phase_plan
@@ -54,13 +54,6 @@ flags.DEFINE_string("model", None,
 flags.DEFINE_string("data", None,
                     "module:function returning your own (x_train, y_train, x_test, y_test) NumPy arrays "
                     "(float32 features, int32 labels in 0..9) instead of --dataset.")
-flags.DEFINE_float("compute_ms", 0.0,
-                   "Emulated compute for benchmarks: a step on --batch_size samples also waits this many "
-                   "milliseconds in the input pipeline (a sleep that holds no core), standing for a larger "
-                   "model's compute; a worker whose batch is a part of that waits that part of it.")
-flags.DEFINE_string("compute_slow_worker", "",
-                    "With --compute_ms: 'INDEX:FACTOR' makes worker INDEX wait FACTOR times as long.")
-
 flags.DEFINE_bool("eval_each_epoch", False,
                   "The chief measures the test accuracy at each epoch's end (its own model) and "
                   "writes it, with the seconds since training began, to --metrics_file.")
@@ -118,38 +111,6 @@ def _import_hook(flag: str, spec: str):
     return function
 
 
-def _step_waits(dataset, context, async_mode: bool):
-    """--compute_ms: each batch waits that long (FACTOR times on --compute_slow_worker), in
-    TensorFlow's own sleep dataset (tf.data's testing transformation: no public API has it)."""
-    batch = context.get_per_replica_batch_size(FLAGS.batch_size)
-    micros = tf.constant(int(FLAGS.compute_ms * 1000 * batch / FLAGS.batch_size), tf.int64)
-    index, _, factor = FLAGS.compute_slow_worker.partition(":")
-    if index:
-        if async_mode:  # every async worker's input context has id 0
-            try:
-                worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            except RuntimeError:  # on the chief, which builds a sample batch to build the model
-                worker = -1
-        else:
-            worker = context.input_pipeline_id
-        slow = tf.cast(tf.equal(tf.cast(worker, tf.int64), int(index)), tf.float64)
-        micros = tf.cast(tf.cast(micros, tf.float64) * (1.0 + slow * (float(factor) - 1.0)), tf.int64)
-    return dataset.apply(testing.sleep(micros))
-
-
-def _check_compute_flags() -> None:
-    if not FLAGS.compute_slow_worker:
-        return
-    index, _, factor = FLAGS.compute_slow_worker.partition(":")
-    try:
-        valid = int(index) >= 0 and float(factor) >= 1.0
-    except ValueError:
-        valid = False
-    if not valid:
-        raise ConfigError("flag", "--compute_slow_worker", f"{FLAGS.compute_slow_worker!r} is not accepted",
-                          "use INDEX:FACTOR with INDEX >= 0 and FACTOR >= 1, e.g. 1:4")
-
-
 def build_model(num_features: int):
     keras.utils.set_random_seed(FLAGS.seed)
     if FLAGS.model:
@@ -164,7 +125,7 @@ def build_model(num_features: int):
 
 def train(argv):
     del argv
-    _check_compute_flags()
+    emulated_compute.check_flags()
     for flag, spec in (("--model", FLAGS.model), ("--data", FLAGS.data)):
         if spec:
             _import_hook(flag, spec)  # a bad hook fails here, before any TensorFlow work
@@ -208,7 +169,8 @@ def train(argv):
         batch = context.get_per_replica_batch_size(FLAGS.batch_size)
         dataset = dataset.repeat().batch(batch, drop_remainder=True).prefetch(2)
         if FLAGS.compute_ms > 0:
-            dataset = _step_waits(dataset, context, strategy.mode == "async")
+            dataset = emulated_compute.step_waits(dataset, context, strategy.mode == "async",
+                                                  FLAGS.batch_size, FLAGS.seed)
         return dataset
 
     with strategy.scope():

@@ -1,0 +1,202 @@
+"""The emulated cluster bed: when each mode pays, with ranks that hold almost no core.
+
+    python -m benchmarks.bed --ranks=4 --link=1gbit --straggler=none,persistent \
+        --modes=sync,hybrid,async --repeats=3 --epochs=3
+
+Needs root (network namespaces) and OpenSSH. The ranks are ``scripts/train.py`` on the digits
+(a real MLP, a real optimizer), on hosts that are network namespaces (tfsync_testbed.netns, two
+ranks per host, at least two hosts) joined over a bridge whose every host link is shaped to the
+link class (tc tbf); sync and hybrid run as ``horovodrun -H hostA:2,hostB:2,... --gloo`` over SSH
+(hybrid: one group per host). Async runs on the project's launcher (``python -m
+tfsyncmodes.launch``, one ps), on loopback, NOT across the namespaces (the launcher builds local
+clusters only): the same emulated compute, an unshaped link. Every step waits its emulated
+compute (``--compute_ms``), calibrated to ResNet-50 on V100s as :mod:`benchmarks.bed_calibration`
+works out; ``--compute=real`` drops the wait (the real MLP's CPU time only) as a sanity check.
+
+Per mode and condition, the median over --repeats of: throughput (samples/s), each worker's own
+rate (Horovod ranks step together; the async coordinator does not say which worker ran a
+step: null), seconds to sync's 1/4, 1/2 and 3/4 loss drop (from ln 10 to sync's final loss, at
+epoch ends), final test accuracy. JSON: docs/bed_<ranks>r_<link>.json; a section of
+docs/BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from absl import app, flags
+
+from benchmarks import bed_calibration as cal
+from benchmarks.benchlib import DOCS, REPO, TRAIN, replace_section, repo_env
+
+flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8.")
+flags.DEFINE_enum("link", "1gbit", list(cal.LINK_CLASSES), "Link class between the hosts (scaled, see bed_calibration).")
+flags.DEFINE_list("straggler", ["none", "persistent"], "Conditions: " + ", ".join(cal.STRAGGLERS) + ".")
+flags.DEFINE_list("modes", ["sync", "hybrid", "async"], "Modes: sync, hybrid, async.")
+flags.DEFINE_integer("repeats", 3, "Runs of every mode and condition.")
+flags.DEFINE_integer("epochs", 3, "Epochs of every run.")
+flags.DEFINE_integer("batch_size", 64, "Global batch of a sync/hybrid step (an async worker's: this / --ranks).")
+flags.DEFINE_enum("compute", "emulated", ["emulated", "real"], "emulated: the calibrated sleep; real: none.")
+flags.DEFINE_float("pareto_alpha", 2.0, "ALPHA of the heavy condition's Pareto per-step times (> 1).")
+flags.DEFINE_float("timeout", 900.0, "Seconds one run may take.")
+flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
+FLAGS = flags.FLAGS
+TRAIN_SAMPLES = 1437  # the trainer's 4/5 of scikit-learn's 1797 digits
+
+
+def bad(field: str, problem: str, fix: str) -> None:
+    sys.stderr.write(f"benchmarks.bed: error: flag: --{field}: {problem}; {fix}\n")
+    sys.exit(2)
+
+
+def check() -> None:
+    if FLAGS.ranks not in (2, 4, 8):
+        bad("ranks", f"{FLAGS.ranks} is not accepted", "use 2, 4 or 8")
+    for name in FLAGS.straggler:
+        if name not in cal.STRAGGLERS:
+            bad("straggler", f"{name!r} is not a condition", "use " + ", ".join(cal.STRAGGLERS))
+    for mode in FLAGS.modes:
+        if mode not in ("sync", "hybrid", "async"):
+            bad("modes", f"{mode!r} is not a mode of the bed", "use sync, hybrid, async")
+    if FLAGS.batch_size % FLAGS.ranks or FLAGS.batch_size < FLAGS.ranks:
+        bad("batch_size", f"{FLAGS.batch_size} does not split over {FLAGS.ranks} ranks", f"use a multiple of {FLAGS.ranks}")
+    if not (math.isfinite(FLAGS.pareto_alpha) and FLAGS.pareto_alpha > 1):
+        bad("pareto_alpha", f"{FLAGS.pareto_alpha} is not accepted", "use a number > 1, e.g. 2")
+    for name in ("repeats", "epochs"):
+        if FLAGS[name].value < 1:
+            bad(name, f"{FLAGS[name].value} is too small", "use 1 or more")
+
+
+def hosts_layout(ranks: int) -> list:
+    """Ranks per host: two per host, at least two hosts."""
+    hosts = max(2, ranks // 2)
+    return [ranks // hosts] * hosts
+
+
+def train_flags(mode: str, condition: str, work: str) -> list:
+    horovod = mode != "async"
+    batch = FLAGS.batch_size if horovod else FLAGS.batch_size // FLAGS.ranks
+    steps_per_worker = TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs
+    out = [f"--sync_mode={mode}", f"--epochs={FLAGS.epochs}", f"--batch_size={batch}",
+           f"--hidden_units={cal.HIDDEN_UNITS}", "--eval_each_epoch", f"--model_dir={work}/model",
+           f"--metrics_file={work}/metrics.json"]
+    if FLAGS.compute == "emulated":  # a step on the global batch: every rank's part waits EMU_STEP_MS
+        out.append(f"--compute_ms={cal.EMU_STEP_MS * (FLAGS.ranks if horovod else 1):g}")
+        out += cal.straggler_flags(condition, steps_per_worker, FLAGS.pareto_alpha)
+    elif condition != "none":
+        out += {"persistent": ["--sync_slow_worker=1:4"]}.get(condition, [])
+    return out
+
+
+def run_horovod(bed, mesh, env, mode: str, condition: str, work: str) -> subprocess.CompletedProcess:
+    hosts = ",".join(f"{h.name}:{n}" for h, n in zip(bed.hosts, hosts_layout(FLAGS.ranks)))
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    command = [horovodrun, "-np", str(FLAGS.ranks), "-H", hosts, "--network-interface", "tfs0",
+               *mesh.horovodrun_args(), "--gloo", sys.executable, TRAIN, *train_flags(mode, condition, work)]
+    return bed.hosts[0].run(command, timeout=FLAGS.timeout, env=env, cwd=REPO)
+
+
+def run_async(env, condition: str, work: str) -> subprocess.CompletedProcess:
+    from tfsync_testbed import localrun
+
+    command = [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(FLAGS.ranks), "--ps", "1",
+               "--timeout", str(int(FLAGS.timeout)), "--", sys.executable, TRAIN,
+               *train_flags("async", condition, work)]
+    return localrun.run(command, timeout=FLAGS.timeout + 30, env=env, cwd=REPO)
+
+
+def summarise(mode: str, metrics: dict) -> dict:
+    horovod = mode != "async"
+    samples = metrics["steps"] * metrics["batch_size"]
+    rate = samples / metrics["train_seconds"]
+    return {"samples_per_s": rate, "worker_rates": [rate / FLAGS.ranks] * FLAGS.ranks if horovod else None,
+            "test_accuracy": metrics["test_accuracy"], "losses": metrics["losses"],
+            "epoch_seconds": metrics.get("epoch_seconds", []), "train_seconds": metrics["train_seconds"]}
+
+
+def seconds_to(run: dict, target: float):
+    for loss, seconds in zip(run["losses"], run["epoch_seconds"]):
+        if loss <= target:
+            return seconds
+    return None
+
+
+def median_or_none(values):
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def main(argv):
+    del argv
+    check()
+    from tfsync_testbed import netns, ssh
+
+    from benchmarks.linkrate import link_rate
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFSYNC_", "HOROVOD_"))}
+    env = repo_env(env, TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2")
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks))) as bed, \
+            ssh.SshMesh(bed, tmp) as mesh:
+        bed.shape(cal.tc_rate(FLAGS.link), burst=cal.tc_burst(FLAGS.link))
+        measured = link_rate(bed) * 8
+        print(f"[bed] link {FLAGS.link}: shaped {cal.tc_rate(FLAGS.link)}, measured {measured / 1e6:.2f} Mbit/s", flush=True)
+        for repeat in range(FLAGS.repeats):
+            for condition in FLAGS.straggler:
+                for mode in FLAGS.modes:
+                    work = tempfile.mkdtemp(dir=tmp)
+                    result = (run_async(env, condition, work) if mode == "async"
+                              else run_horovod(bed, mesh, mesh.env(env), mode, condition, work))
+                    if result.returncode != 0 or not os.path.exists(f"{work}/metrics.json"):
+                        sys.stderr.write(result.stdout[-2000:] + result.stderr[-4000:])
+                        sys.exit(f"benchmarks.bed: {mode} / {condition} failed with status {result.returncode}")
+                    with open(f"{work}/metrics.json", encoding="utf-8") as handle:
+                        run = summarise(mode, json.load(handle))
+                    runs.setdefault((condition, mode), []).append(run)
+                    print(f"[bed] {repeat + 1}/{FLAGS.repeats} {condition} {mode}: {run['samples_per_s']:.0f} "
+                          f"samples/s, accuracy {run['test_accuracy']:.3f}", flush=True)
+    write(runs, measured)
+
+
+def write(runs: dict, measured: float) -> None:
+    rows = []
+    for (condition, mode), done in runs.items():
+        sync = runs.get((condition, "sync")) or runs.get(("none", "sync"))
+        final = statistics.median(r["losses"][-1] for r in sync) if sync else None
+        targets = {f: math.log(10) - f * (math.log(10) - final) for f in (0.25, 0.5, 0.75)} if final else {}
+        rows.append({"straggler": condition, "mode": mode,
+                     "samples_per_s": median_or_none([r["samples_per_s"] for r in done]),
+                     "samples_per_s_runs": [round(r["samples_per_s"], 1) for r in done],
+                     "worker_rates": done[0]["worker_rates"] and [median_or_none(v) for v in zip(*(r["worker_rates"] for r in done))],
+                     "seconds_to_sync_loss_drop": {str(f): median_or_none([seconds_to(r, t) for r in done]) for f, t in targets.items()},
+                     "test_accuracy": median_or_none([r["test_accuracy"] for r in done])})
+    result = {"ranks": FLAGS.ranks, "hosts": hosts_layout(FLAGS.ranks), "link": FLAGS.link, "compute": FLAGS.compute,
+              "shaped": cal.tc_rate(FLAGS.link), "measured_mbit_s": round(measured / 1e6, 2),
+              "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link), 1),
+              "emulated_step_ms": cal.EMU_STEP_MS, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
+              "pareto_alpha": FLAGS.pareto_alpha, "async_on": "loopback (launcher), unshaped", "rows": rows}
+    name = f"bed_{FLAGS.ranks}r_{FLAGS.link}{'' if FLAGS.compute == 'emulated' else '_real'}"
+    os.makedirs(FLAGS.docs_dir, exist_ok=True)
+    with open(os.path.join(FLAGS.docs_dir, name + ".json"), "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=1)
+    lines = [f"## Emulated cluster bed: {FLAGS.ranks} ranks, link {FLAGS.link} ({FLAGS.compute} compute)", "",
+             f"`python -m benchmarks.bed --ranks={FLAGS.ranks} --link={FLAGS.link} --compute={FLAGS.compute}` — "
+             f"hosts {result['hosts']} (namespaces), link shaped to {result['shaped']} (measured "
+             f"{result['measured_mbit_s']} Mbit/s), ResNet-50-on-V100 calibration (benchmarks/bed_calibration.py), "
+             f"{FLAGS.epochs} epochs, median of {FLAGS.repeats} runs; async on loopback through the launcher "
+             "(unshaped). Loss targets: sync's 1/4, 1/2, 3/4 drop from ln 10 to its final loss, at epoch ends.", "",
+             "| straggler | mode | samples/s | runs | s to 1/4, 1/2, 3/4 | test accuracy |", "|---|---|---:|---|---|---:|"]
+    for r in rows:
+        times = ", ".join("-" if v is None else f"{v:.1f}" for v in r["seconds_to_sync_loss_drop"].values())
+        lines.append(f"| {r['straggler']} | {r['mode']} | {r['samples_per_s']:.0f} | "
+                     f"{', '.join(f'{v:.0f}' for v in r['samples_per_s_runs'])} | {times} | {r['test_accuracy']:.3f} |")
+    replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), name, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,88 @@
+"""The emulated cluster bed's calibration: a named real workload's compute : communication ratio,
+carried over to the small real model the bed trains, and the straggler conditions.
+
+Named workload: ResNet-50 (v1.5) data-parallel on V100 GPUs, one GPU per host, ring allreduce.
+  - parameters 25.557M -> gradients 25.557e6 * 4 B = 102.2 MB of float32 per step;
+  - compute: 1,270 images/s on one V100-SXM2-16GB (TensorFlow, mixed precision, batch 256), the
+    figure of NVIDIA's DeepLearningExamples ResNet-50 v1.5 TensorFlow README, as its users quote
+    it (github.com/NVIDIA/DeepLearningExamples/issues/837: "benchmark 1270 img/s (1gpu)")
+    -> T_real = 256 / 1270 = 201.6 ms per step;
+  - communication: a ring allreduce sends 2(N-1)/N * 102.2 MB through every host's NIC; on
+    10 Gbit/s, N = 4: 1.5 * 102.2e6 * 8 / 10e9 = 122.7 ms, i.e. 0.61 * T_real (6.1 on 1 Gbit/s,
+    61 on 100 Mbit/s).
+
+The bed: the example trainer's MLP (64 -> 256 -> 256 -> 10, 85,002 parameters: 340,008 B of
+gradients, S_emu) on the digits, every rank's step waiting T_emu = 50 ms (a sleep: the workload
+runs k = T_real / T_emu = 4.03 times faster than real). The ratio is kept when the link carries
+S_emu in the time the real NIC carries 102.2 MB, divided by k:
+
+    rate_emu = rate_real * (S_emu / S_real) * k = rate_real * 0.003326 * 4.03 = rate_real * 0.01341
+
+so link class "10gbit" is shaped to 134 Mbit/s, "1gbit" to 13.4, "100mbit" to 1.34 (tc tbf on
+every host's egress). The ranks of a host reach each other over loopback and a ring with the
+ranks placed host by host crosses each host's link once in each direction, as the one-GPU hosts
+of the named setting do: sync's comm per step is 1.5 * 340,008 B / rate_emu = 30.4 ms = 0.61 *
+50 ms at "10gbit" (N = 4). Not emulated: latency (this kernel has no netem), the real model's
+CPU time (a few ms per step, which the 10gbit class feels most), and the per-tensor framing.
+
+Straggler conditions (rank/worker 1 is the straggler, 4x, as the trainer's flags say):
+  none, persistent (--compute_slow_worker=1:4), transient (1:4:FROM:TO over the middle third of
+  each worker's steps), heavy (--compute_jitter=pareto:ALPHA on every worker: Pareto per-step
+  times, the heavy-tailed execution-time model that Wang, Joshi and Wornell analyse for
+  straggling tasks against Google's cluster trace, "Efficient Straggler Replication in
+  Large-scale Parallel Computing", arXiv:1503.03128). ALPHA defaults to 2.0, our choice: no
+  published fitted value was found for it, so the bed records it with the results.
+"""
+from __future__ import annotations
+
+RESNET50_PARAMETERS = 25_557_032
+REAL_GRADIENT_BYTES = RESNET50_PARAMETERS * 4
+REAL_STEP_SECONDS = 256 / 1270.0
+HIDDEN_UNITS = 256
+FEATURES, CLASSES = 64, 10
+EMU_STEP_MS = 50.0
+LINK_CLASSES = {"10gbit": 10e9, "1gbit": 1e9, "100mbit": 100e6}
+STRAGGLERS = ("none", "persistent", "transient", "heavy")
+SLOW_FACTOR = 4
+
+
+def emulated_parameters(hidden: int = HIDDEN_UNITS) -> int:
+    return FEATURES * hidden + hidden + hidden * hidden + hidden + hidden * CLASSES + CLASSES
+
+
+def time_scale() -> float:
+    """k: how many times faster than the named workload the bed runs."""
+    return REAL_STEP_SECONDS * 1000.0 / EMU_STEP_MS
+
+
+def link_bits_per_second(link: str) -> float:
+    """The shaped rate of link class `link` (see the module docstring)."""
+    return LINK_CLASSES[link] * emulated_parameters() * 4 / REAL_GRADIENT_BYTES * time_scale()
+
+
+def tc_rate(link: str) -> str:
+    return f"{int(link_bits_per_second(link) / 1000)}kbit"
+
+
+def tc_burst(link: str) -> str:
+    """tbf's bucket: 5 ms of the rate, at least 16 KB (tbf needs rate / HZ at the least)."""
+    return f"{max(16, int(link_bits_per_second(link) / 8 * 0.005 / 1024))}kb"
+
+
+def ring_comm_seconds(ranks: int, link: str) -> float:
+    """Sync's expected allreduce time per step on the shaped link (bytes only)."""
+    return 2 * (ranks - 1) / ranks * emulated_parameters() * 4 * 8 / link_bits_per_second(link)
+
+
+def straggler_flags(condition: str, steps_per_worker: int, pareto_alpha: float) -> list:
+    """The trainer flags of a straggler condition, for a run of `steps_per_worker` steps."""
+    if condition == "none":
+        return []
+    if condition == "persistent":
+        return [f"--compute_slow_worker=1:{SLOW_FACTOR}"]
+    if condition == "transient":
+        first = steps_per_worker // 3
+        return [f"--compute_slow_worker=1:{SLOW_FACTOR}:{first}:{max(first + 1, 2 * steps_per_worker // 3)}"]
+    if condition == "heavy":
+        return [f"--compute_jitter=pareto:{pareto_alpha:g}"]
+    raise ValueError(f"straggler condition {condition!r}; use one of {', '.join(STRAGGLERS)}")

@@ -1,0 +1,60 @@
+"""The emulated cluster bed (benchmarks/bed.py): a 2-host bed with a shaped link trains 2 real
+ranks, measures its link near the shaping, is slowed by it as the calibration says, and leaves
+no namespace, bridge or process behind; and its bad flags are one line with status 2."""
+import json
+import subprocess
+
+import pytest
+
+from benchmarks import bed_calibration as cal
+from tests.conftest import PYTHON, REPO, clean_env
+from tests.test_multihost import why_no_bed
+from tfsync_testbed import localrun, netns, ssh
+
+
+def bed_leftovers() -> set:
+    """Namespaces and bridges of beds, and anything listening on the beds' subnet."""
+    names = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True, timeout=30).stdout.split()
+    bridges = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], stdout=subprocess.PIPE, text=True,
+                             timeout=30).stdout.split()
+    return ({n for n in names if n.startswith(netns.PREFIX)} | {b.rstrip(":") for b in bridges if b.startswith("tfsbr")}
+            | {a for a in netns.listening() if a.startswith(netns.SUBNET)})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
+    reason = why_no_bed() or ssh.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    before = bed_leftovers()
+    result = localrun.run([PYTHON, "-m", "benchmarks.bed", "--ranks=2", "--link=1gbit", "--straggler=none",
+                           "--modes=sync", "--repeats=1", "--epochs=1", f"--docs_dir={tmp_path}"],
+                          timeout=800, env=clean_env(), cwd=REPO)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    data = json.loads((tmp_path / "bed_2r_1gbit.json").read_text())
+    shaped = cal.link_bits_per_second("1gbit") / 1e6  # 13.4 Mbit/s
+    assert 0.8 * shaped < data["measured_mbit_s"] < 1.1 * shaped, data
+    (row,) = data["rows"]
+    # Every step waits 50 ms and allreduces 340 KB over the shaped link (1 * 340,008 B at
+    # 13.4 Mbit/s = 203 ms for 2 ranks): the run cannot beat that, whatever the cores do.
+    comm = cal.ring_comm_seconds(2, "1gbit")
+    assert 0.2 < comm < 0.21
+    assert 0 < row["samples_per_s"] < 64 / (cal.EMU_STEP_MS / 1000 + 0.8 * comm), row
+    assert row["test_accuracy"] > 0.5, row  # a real model trained on the digits
+    assert "Emulated cluster bed: 2 ranks, link 1gbit" in (tmp_path / "BENCHMARKS.md").read_text()
+    assert bed_leftovers() <= before
+
+
+@pytest.mark.parametrize("flag, words", [
+    ("--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
+    ("--straggler=slowish", "flag: --straggler: 'slowish' is not a condition"),
+    ("--modes=auto", "flag: --modes: 'auto' is not a mode of the bed"),
+    ("--pareto_alpha=1", "flag: --pareto_alpha: 1.0 is not accepted"),
+])
+def test_bad_bed_flags_are_one_line_with_status_2(flag, words):
+    result = localrun.run([PYTHON, "-m", "benchmarks.bed", flag], timeout=120, env=clean_env(), cwd=REPO)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], lines
