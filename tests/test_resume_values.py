@@ -24,7 +24,8 @@ from tfsync_testbed import localrun
 
 EPOCHS, FIRST, STEPS = 4, 2, 3  # STEPS: tests/workers/resume_values.py's steps per epoch
 CASES = {"sync_adam": ("adam", {"TFSYNC_MODE": "sync"}),
-         "hybrid_sgd": ("sgd", {"TFSYNC_MODE": "hybrid", "TFSYNC_GROUP_SIZE": "1", "TFSYNC_PERIOD": "3"})}
+         "hybrid_sgd": ("sgd", {"TFSYNC_MODE": "hybrid", "TFSYNC_GROUP_SIZE": "1", "TFSYNC_PERIOD": "3",
+                                 "TFSYNC_LOCAL_STEPS": "fixed"})}
 
 
 def train(out, model_dir, epochs, case):
