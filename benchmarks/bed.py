@@ -112,7 +112,7 @@ def run_async(env, condition: str, work: str) -> subprocess.CompletedProcess:
 
 def summarise(mode: str, metrics: dict) -> dict:
     horovod = mode != "async"
-    samples = metrics["steps"] * metrics["batch_size"]
+    samples = metrics.get("samples", metrics["steps"] * metrics["batch_size"])  # hybrid: every group's
     rate = samples / metrics["train_seconds"]
     return {"samples_per_s": rate, "worker_rates": [rate / FLAGS.ranks] * FLAGS.ranks if horovod else None,
             "test_accuracy": metrics["test_accuracy"], "losses": metrics["losses"],

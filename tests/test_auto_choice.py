@@ -119,4 +119,12 @@ def test_auto_under_a_controlled_straggler_picks_hybrid_and_logs_each_prediction
     ratio = float(re.search(r"slowest/median ([0-9.]+)", picks[0]).group(1))
     assert ratio > 1.5  # the probe saw the straggler
     with open(metrics, encoding="utf-8") as handle:
-        assert json.load(handle)["mode"] == "hybrid"
+        got = json.load(handle)
+    assert got["mode"] == "hybrid"
+    # Speed-proportional local steps: the chief's group (rank 0, fast) ran every step, rank 1's
+    # group fewer; the samples trained count both groups' steps at half the global batch each.
+    rounds = got["local_steps_rounds"]
+    per_group = [sum(a * b for a, b in zip(got[f"local_steps_group{g}"], rounds)) for g in (0, 1)]
+    assert min(per_group) < max(per_group) and abs(max(per_group) - got["steps"]) <= 8  # one round at most
+    assert got["samples"] == round(sum(per_group) * got["batch_size"] / 2)
+    assert max(per_group) * got["batch_size"] / 2 < got["samples"] < max(per_group) * got["batch_size"]

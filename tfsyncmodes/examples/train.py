@@ -237,6 +237,9 @@ def train(argv):
                     "cross_group_lag", "dropped_updates", "mode_switches"):
             if key in history.history:
                 metrics[key] = [float(v) for v in history.history[key]]
+        for key in sorted(k for k in history.history if k.startswith("local_steps_")):
+            metrics[key] = [float(v) for v in history.history[key]]
+        metrics["samples"] = trained_samples(history.history, metrics["steps"])
         if phase is not None:
             metrics.update(phase.metrics())
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)
@@ -244,6 +247,18 @@ def train(argv):
             os.makedirs(os.path.dirname(os.path.abspath(FLAGS.metrics_file)), exist_ok=True)
             with open(FLAGS.metrics_file, "w", encoding="utf-8") as handle:
                 json.dump(metrics, handle)
+
+
+def trained_samples(logs: dict, steps: int) -> int:
+    """Samples every replica trained on: steps x the global batch, or, with speed-proportional
+    local steps (each group's inner steps per round and the rounds in every epoch's logs), the
+    sum over groups of their steps x the group's share of the global batch."""
+    groups = sorted(k for k in logs if k.startswith("local_steps_group"))
+    if not groups or "local_steps_rounds" not in logs:
+        return int(steps) * FLAGS.batch_size
+    per_group = FLAGS.batch_size / len(groups)
+    return int(round(sum(float(logs[g][e]) * float(logs["local_steps_rounds"][e]) * per_group
+                         for g in groups for e in range(len(logs["local_steps_rounds"])))))
 
 
 def main() -> None:
