@@ -70,7 +70,7 @@ def test_auto_picks_what_the_cost_model_predicts_fastest(times, allreduce_second
     assert choice.predicted["sync"] == pytest.approx(sync, rel=1e-9)
     assert choice.predicted["hybrid"] == pytest.approx(hybrid, rel=1e-9)
     assert choice.switch_policy == ("straggler" if want == "sync" else "none")
-    if want == "hybrid" and max(times) >= 1.5 * float(np.median(times)):
+    if want == "hybrid" and max(times) >= 1.5 * float(np.median(sorted(times)[:-1])):
         slow = int(np.argmax(times))
         assert slow in choice.groups[0] and len(choice.groups[0]) == group_size
     lines = choice.prediction_lines()
@@ -116,8 +116,8 @@ def test_auto_under_a_controlled_straggler_picks_hybrid_and_logs_each_prediction
     assert len(picks) == 1 and picks[0].split("] auto: ")[1].startswith("hybrid with the slow ranks in one group (1;0)"), \
         picks
     assert predicted["hybrid"] >= MARGIN * predicted["sync"]
-    ratio = float(re.search(r"slowest/median ([0-9.]+)", picks[0]).group(1))
-    assert ratio > 1.5  # the probe saw the straggler
+    ratio = float(re.search(r"slowest/others' median ([0-9.]+)", picks[0]).group(1))
+    assert ratio > 2.0  # the probe saw the straggler (4x, less the noise of loaded cores)
     with open(metrics, encoding="utf-8") as handle:
         got = json.load(handle)
     assert got["mode"] == "hybrid"

@@ -15,7 +15,8 @@ predicts each mode's samples per second with :func:`tfsyncmodes.costs.predict`:
 
 1. one process: ``sync`` (nothing to exchange);
 2. hybrid predicted at least :data:`HYBRID_MARGIN` times sync's rate: ``hybrid``, the slow ranks
-   in one group when the slowest/median step is at least ``switch_threshold`` (hybrid needs
+   in one group when the slowest step is at least ``switch_threshold`` times the median of the
+   others' (with two ranks: the faster one's) (hybrid needs
    more samples than sync for the same accuracy, which the margin stands for: the model
    predicts throughput only);
 3. otherwise ``sync`` with ``switch_policy=straggler`` (it moves to hybrid if a straggler
@@ -86,13 +87,13 @@ def choose(step_times: Sequence[float], allreduce_seconds: float, threshold: flo
     allreduce of `probe_bytes` took `allreduce_seconds` (see the module doc)."""
     if len(step_times) <= 1:
         return Choice("sync", "none", (), "auto: one process: sync (nothing to exchange)")
-    step = median(step_times)
+    step = median(sorted(step_times)[:-1])  # the others' median (with two ranks: the faster one)
     ratio = max(step_times) / step if step > 0 else 1.0
     job = job_from_probe(step_times, max(allreduce_seconds, 1e-9), group_size, probe_bytes, period, local_steps,
                          tail_sigma)
     predicted = costs.predict(job)
     gain = predicted["hybrid"] / predicted["sync"]
-    figures = (f"median step {step * 1000:.1f} ms, slowest/median {ratio:.2f} (threshold {threshold:g}), "
+    figures = (f"median step {step * 1000:.1f} ms, slowest/others' median {ratio:.2f} (threshold {threshold:g}), "
                f"allreduce of {probe_bytes >> 20} MiB {allreduce_seconds * 1000:.1f} ms "
                f"(link {job.link_gbit:.2f} Gbit/s), hybrid/sync predicted {gain:.2f} (pays from {HYBRID_MARGIN:g})")
     if gain >= HYBRID_MARGIN:
