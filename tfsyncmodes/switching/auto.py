@@ -87,10 +87,10 @@ def choose(step_times: Sequence[float], allreduce_seconds: float, threshold: flo
     allreduce of `probe_bytes` took `allreduce_seconds` (see the module doc)."""
     if len(step_times) <= 1:
         return Choice("sync", "none", (), "auto: one process: sync (nothing to exchange)")
-    step = median(sorted(step_times)[:-1])  # the others' median (with two ranks: the faster one)
-    ratio = max(step_times) / step if step > 0 else 1.0
     job = job_from_probe(step_times, max(allreduce_seconds, 1e-9), group_size, probe_bytes, period, local_steps,
                          tail_sigma)
+    step = job.step_ms / 1e3  # the others' median (with two ranks: the faster one)
+    ratio = max(step_times) / step if step > 0 else 1.0
     predicted = costs.predict(job)
     gain = predicted["hybrid"] / predicted["sync"]
     figures = (f"median step {step * 1000:.1f} ms, slowest/others' median {ratio:.2f} (threshold {threshold:g}), "
