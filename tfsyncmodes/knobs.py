@@ -211,7 +211,7 @@ KNOBS: Tuple[Knob, ...] = (
          "fastest period, and the average weights groups by the samples they processed: Async "
          "Local-SGD's dynamic local updates; groups of equal speed run period each), or fixed "
          "(period for every group, so a slow group holds every round back; the hybrid phase of "
-         "a run that switches modes is always fixed).",
+         "a --sync_mode_schedule run is always fixed; the straggler policy's runs auto).",
          given("cross_group", "periodic")),
     # --- online switching (tfsyncmodes/switching/) ---
     Knob("switch_policy", "none", Choice(lambda: ("none", "straggler")),

@@ -3,7 +3,7 @@
     horovodrun -np 4 python switch_policy_run.py OUTDIR [--epochs=6] [--steps=20]
 
 The policy's knobs and the straggler come from the environment (TFSYNC_SWITCH_POLICY,
-TFSYNC_SLOW_WORKER=1:4.0@30%-60%, ...). Saves OUTDIR/rank<R>.npz: each step's logged mode, the
+TFSYNC_SLOW_WORKER=1:4.0@30%-60%, ...). Saves OUTDIR/rank<R>.npz: each step's logged mode and (epoch, batch), the History, the optimizer's step count, the
 policy's decisions (with the step times they were made from), the switches, the final weights;
 the chief also the TensorBoard scalars of the per-rank step times.
 """
@@ -40,11 +40,15 @@ def main(argv):
     def dataset_fn(context):
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True).repeat()
 
-    modes = []
+    modes, batches = [], []
 
     class Record(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
         def on_train_batch_end(self, batch, logs=None):
             modes.append(float(logs["mode"]))
+            batches.append([self.epoch, batch])
 
     with strategy.scope():
         keras.utils.set_random_seed(7)
@@ -54,7 +58,7 @@ def main(argv):
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     model_dir = os.path.join(args.outdir, "model")
     callbacks = strategy.callbacks(model_dir, checkpoint=False) + [Record()]
-    strategy.fit(model, dataset_fn, epochs=args.epochs, steps_per_epoch=args.steps, verbose=0,
+    history = strategy.fit(model, dataset_fn, epochs=args.epochs, steps_per_epoch=args.steps, verbose=0,
                  callbacks=callbacks)
     policy = next(c for c in callbacks if isinstance(c, StragglerSwitch))
     decisions = [{"mode": d.mode, "switched": d.switched, "ratio": d.ratio, "times": list(d.times),
@@ -71,7 +75,9 @@ def main(argv):
     weights = np.concatenate([np.asarray(w).reshape(-1) for w in model.get_weights()])
     np.savez(os.path.join(args.outdir, f"rank{rank}.npz"), modes=np.array(modes), final=weights,
              decisions=json.dumps(decisions), switches=json.dumps(policy.switches),
-             scalars=json.dumps(scalars), interval=policy.interval, strategy_mode=strategy.mode)
+             scalars=json.dumps(scalars), interval=policy.interval, strategy_mode=strategy.mode,
+             batches=np.array(batches), history=json.dumps({k: [float(v) for v in vs] for k, vs in history.history.items()}),
+             iterations=int(np.asarray(model.optimizer.iterations)))
 
 
 if __name__ == "__main__":

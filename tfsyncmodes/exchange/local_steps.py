@@ -14,7 +14,9 @@ round, steps left in the epoch), and every rank derives the same next plan from 
 - The fastest group runs ``H = period`` inner steps per round, group g
   ``round(H * t_fastest / t_g)`` (at least 1; rounded to the nearest rather than floored as in
   the paper, so that timing noise between equal groups does not cost a step). ``t_g`` is an
-  exponential moving average of the wall time between a group's consecutive updates (the
+  exponential moving average (the newest step weighs ``1 - 0.7 ** (H / h_g)`` in a group planned
+  ``h_g`` steps a round, so every group's average spans about the same rounds) of the wall
+  time between a group's consecutive updates (the
   slowest rank of the group), measured in the step with ``tf.timestamp`` and excluding the
   wait at the round itself.
 - The outer average weights each group's pseudo-gradient by the samples it processed since
@@ -51,7 +53,7 @@ from tfsyncmodes.exchange.link import CrossGroupLink
 from tfsyncmodes.exchange.policies import PeriodicAverage
 
 ROUND_LOG = 4096  # rounds whose step counts round_log keeps (a ring)
-NEWEST = 0.3  # weight of the newest step time in the moving average
+NEWEST = 0.3  # weight of the newest step time in the moving average (a group at period steps a round)
 
 
 class SpeedProportionalAverage(PeriodicAverage):
@@ -65,7 +67,7 @@ class SpeedProportionalAverage(PeriodicAverage):
         self.plan = self.since = self.rounds = self.totals = None
         self.round_log = self.round_inputs = None
         self._step_time = self._last_end = self._epoch_steps = self._epoch_step = self._epoch_over = None
-        self._pending_steps = -1
+        self._pending_steps = self._pending_done = -1
         self._epoch_start = None
 
     @property
@@ -76,10 +78,13 @@ class SpeedProportionalAverage(PeriodicAverage):
     def build(self, variables, state):
         super().build(variables, state)
         groups = self.num_groups
-        self.plan = state("local_steps_plan", [groups], tf.int64)  # 0: not planned yet
+        # Per-group state has a slot per rank, the most groups any regrouping can make (the
+        # straggler policy rebuilds this policy over the same state for other groups).
+        slots = max(groups, communicators.horovod_world()[1])
+        self.plan = state("local_steps_plan", [slots], tf.int64)  # 0: not planned yet
         self.since = state("local_steps_since", [], tf.int64)
         self.rounds = state("local_steps_rounds", [], tf.int64)
-        self.totals = state("local_steps_totals", [groups], tf.int64)
+        self.totals = state("local_steps_totals", [slots], tf.int64)
         with tf.init_scope():
             def var(value, dtype, name):
                 return tf.Variable(value, dtype=dtype, trainable=False, name=name)
@@ -87,7 +92,7 @@ class SpeedProportionalAverage(PeriodicAverage):
             self._step_time = var(0.0, tf.float64, "local_steps_step_time")
             self._last_end = var(0.0, tf.float64, "local_steps_last_end")
             self._epoch_steps = var(self._pending_steps, tf.int64, "local_steps_epoch_steps")
-            self._epoch_step = var(0, tf.int64, "local_steps_epoch_step")
+            self._epoch_step = var(max(self._pending_done, 0), tf.int64, "local_steps_epoch_step")
             self._epoch_over = var(False, tf.bool, "local_steps_epoch_over")
             self.round_log = var(tf.zeros([ROUND_LOG, groups], tf.int64), tf.int64, "local_steps_round_log")
             # Per round, what its plan was made from: each group's step time, each group's
@@ -112,7 +117,11 @@ class SpeedProportionalAverage(PeriodicAverage):
             now = tf.timestamp()
         last = self._last_end.read_value()
         old = self._step_time.read_value()
-        newest = tf.where(old > 0, (1.0 - NEWEST) * old + NEWEST * (now - last), now - last)
+        # A group that runs fewer steps a round weighs each more, so that every group's average
+        # spans about the same rounds (a slow group that turns fast is seen as soon as a fast one).
+        keep = tf.pow(tf.constant(1.0 - NEWEST, tf.float64),
+                      float(self.h_max) / tf.cast(tf.maximum(self._planned(), 1), tf.float64))
+        newest = tf.where(old > 0, keep * old + (1.0 - keep) * (now - last), now - last)
         self._step_time.assign(tf.where(last > 0, newest, old))
         since = self.since.assign_add(1)
         self._epoch_step.assign_add(1)
@@ -153,11 +162,16 @@ class SpeedProportionalAverage(PeriodicAverage):
         count = self.rounds.assign_add(1)
         inputs = tf.concat([step_time, tf.cast(left, f64), tf.cast(epoch, f64)[None]], axis=0)
         planned = tf.group(
-            self.totals.assign_add(steps), self.round_log[(count - 1) % ROUND_LOG].assign(steps),
+            self.totals.assign_add(self._padded(steps)), self.round_log[(count - 1) % ROUND_LOG].assign(steps),
             self.round_inputs[(count - 1) % ROUND_LOG].assign(inputs),
-            self.plan.assign(plan), self.since.assign(0), self._epoch_over.assign(over))
+            self.plan.assign(self._padded(plan)), self.since.assign(0), self._epoch_over.assign(over))
         with tf.control_dependencies([planned]):
             return tf.identity(mean_change)
+
+    def _padded(self, per_group: tf.Tensor) -> tf.Tensor:
+        """[groups] -> the state's [slots] (zeros after the groups)."""
+        slots = int(self.plan.shape[0])
+        return tf.pad(per_group, [[0, slots - self.num_groups]])
 
     def updated(self, rounded):
         """The step's end, once the update and the round (if any) are done: the next step's
@@ -167,15 +181,18 @@ class SpeedProportionalAverage(PeriodicAverage):
 
     # --- around the epochs (the DrainExchange callback) --------------------------------------
 
-    def begin_epoch(self, steps: Optional[int]) -> None:
+    def begin_epoch(self, steps: Optional[int], done: int = 0) -> None:
+        """An epoch of `steps` steps begins, of which this rank has run `done` already (a
+        switch into hybrid mid-epoch: the plans count the steps each group has left)."""
         self._pending_steps = int(steps) if steps else -1
-        if self._epoch_steps is None:  # not built yet: build() takes the pending value
+        self._pending_done = int(done)
+        if self._epoch_steps is None:  # not built yet: build() takes the pending values
             return
         self._epoch_steps.assign(self._pending_steps)
-        self._epoch_step.assign(0)
+        self._epoch_step.assign(self._pending_done)
         self._epoch_over.assign(False)
         self._last_end.assign(0.0)  # the time between epochs is no step's
-        self._epoch_start = (self.totals.numpy().copy(), int(self.rounds.numpy()))
+        self._epoch_start = (self.totals.numpy()[:self.num_groups].copy(), int(self.rounds.numpy()))
 
     def ends_epoch(self) -> bool:
         if self._epoch_over is None or not self.active or not bool(self._epoch_over.numpy()):
@@ -188,7 +205,7 @@ class SpeedProportionalAverage(PeriodicAverage):
         ``local_steps_rounds``: the rounds of the epoch."""
         if self.totals is None or not self.active:
             return {}
-        totals, rounds = self.totals.numpy(), int(self.rounds.numpy())
+        totals, rounds = self.totals.numpy()[:self.num_groups], int(self.rounds.numpy())
         start_totals, start_rounds = self._epoch_start or (np.zeros_like(totals), 0)
         done = rounds - start_rounds
         logs = {"local_steps_rounds": float(done)}

@@ -59,9 +59,10 @@ class CrossGroupPolicy(Part):
         groups' mean)."""
         self.link.discard()
 
-    def begin_epoch(self, steps) -> None:
-        """Keras calls this at each epoch's start with its number of steps (None: unknown)."""
-        del steps
+    def begin_epoch(self, steps, done: int = 0) -> None:
+        """Keras calls this at each epoch's start with its number of steps (None: unknown);
+        `done`: the steps of it this rank has run already (the policy starts mid-epoch)."""
+        del steps, done
 
     def ends_epoch(self) -> bool:
         """After a step: whether this group must end the epoch here (before its last step),

@@ -74,22 +74,23 @@ def switch_plan(config) -> Optional[Tuple[object, Tuple[str, ...]]]:
         raise ConfigError("configuration", "switch plans", f"{' and '.join(names)} both decide when to "
                           "switch", "use one of them")
     if in_force and "hybrid" in in_force[0][2] and config.sources.get("local_steps", "default") != "default" \
-            and config.local_steps == "auto":
+            and config.local_steps == "auto" and not getattr(in_force[0][1], "decides_at_rounds", False):
         source, field = knob_field(config, "local_steps")
-        raise ConfigError(source, field, f"auto cannot run in a phase of a run that switches modes ({in_force[0][0]}: "
-                          "its phases and windows count steps, and speed-proportional rounds make the groups' "
-                          "steps unequal)", "use fixed (the default of a switching run's hybrid phase)")
+        raise ConfigError(source, field, f"auto cannot run in a phase of a {in_force[0][0]} run (its phases count "
+                          "steps, and speed-proportional rounds make the groups' steps unequal)",
+                          "use fixed (the default of a schedule's hybrid phase)")
     return in_force[0][1:] if in_force else None
 
 
-def mode_config(config, mode: str):
+def mode_config(config, mode: str, decides_at_rounds: bool = False):
     """`config` as a phase in `mode` of a run that switches modes has it: as a run in `mode`
     alone would (per-mode defaults live in the knob table, applied by
-    :func:`tfsyncmodes.config.with_mode_defaults`), except that hybrid's local steps are fixed:
-    the plan's phases and the straggler policy's windows count steps, which every rank must run
-    alike (:func:`switch_plan` refuses an explicit ``local_steps=auto``)."""
+    :func:`tfsyncmodes.config.with_mode_defaults`), except that hybrid's local steps are fixed
+    unless the plan `decides_at_rounds`: a schedule's phases count steps, which every rank must
+    run alike (:func:`switch_plan` refuses an explicit ``local_steps=auto`` there), while the
+    straggler policy decides at rounds in its hybrid phase and leaves it at an epoch's end."""
     phase = config_lib.with_mode_defaults(config, mode)
-    if phase.local_steps == "auto":
+    if phase.local_steps == "auto" and not decides_at_rounds:
         phase = dataclasses.replace(phase, local_steps="fixed")
     return phase
 
@@ -100,13 +101,15 @@ def exchange_for(config, groups=None, *, active_mode: Optional[str] = None) -> C
     `active_mode`: the mode a switching strategy trains in now (None: the plan's first)."""
     planned = switch_plan(config)
     if planned is not None:
-        return switchable(planned[1], config, groups, active_mode)
+        return switchable(planned[1], config, groups, active_mode,
+                          decides_at_rounds=bool(getattr(planned[0], "decides_at_rounds", False)))
     return mode_exchange(config, groups)
 
 
-def switchable(modes: Sequence[str], config, groups, active_mode: Optional[str] = None) -> SwitchableExchange:
-    """One exchange per mode, each built as a run in that mode alone would build it."""
-    exchanges = {m: mode_exchange(mode_config(config, m), groups) for m in modes}
+def switchable(modes: Sequence[str], config, groups, active_mode: Optional[str] = None,
+               decides_at_rounds: bool = False) -> SwitchableExchange:
+    """One exchange per mode, each built as its phase has it (:func:`mode_config`)."""
+    exchanges = {m: mode_exchange(mode_config(config, m, decides_at_rounds), groups) for m in modes}
     active = active_mode if active_mode in exchanges else modes[0]
     return SwitchableExchange(exchanges, active)
 

@@ -15,6 +15,8 @@ A switch, at a step boundary, on every rank:
 2. leaving an exchange whose groups drifted apart (hybrid), the inner optimizer's float state
    (momenta, Adam's moments) is averaged over all ranks as the weights are, so that a sync
    phase starts with one model *and* one optimizer state on every rank and keeps them equal;
+   its step counter (``iterations``) becomes the most any rank counted (speed-proportional
+   local steps make the groups' counts differ);
 3. the incoming exchange starts clean: its state is set to zero as at the start of training
    (the periodic policy re-takes its anchor on the next step and warms up again, error
    feedback starts empty), except the counters kept over the whole run (bytes sent).
@@ -100,7 +102,9 @@ class SwitchableExchange(Chain):
             existing = iter(self._state[mode])
 
             def reuse(name, shape, dtype):
-                known, variable = next(existing)
+                # (not next() alone: a StopIteration raised in a Keras callback ends the epoch
+                # as if the data had run out)
+                known, variable = next(existing, (None, None))
                 if known != name:
                     raise RuntimeError(f"the rebuilt {mode} exchange asks for {name!r}, not {known!r}")
                 return variable
@@ -140,6 +144,16 @@ class SwitchableExchange(Chain):
                      if id(v) not in own and tf.as_dtype(v.dtype).is_floating]
         if variables and communicators.horovod_world()[1] > 1:
             communicators.assign_world_mean(variables, "tfsync.switch.optimizer_state")
+        # Groups that ran speed-proportional local steps counted different steps: every rank
+        # continues from the most steps any rank ran (learning-rate schedules and Adam's bias
+        # correction then agree on every rank).
+        counters = [v for v in _variables_of(self.inner_optimizer)
+                    if id(v) not in own and tf.as_dtype(v.dtype).is_integer and "iter" in v.name]
+        if counters and communicators.horovod_world()[1] > 1:
+            for counter in counters:
+                every = communicators.world_allgather(tf.reshape(tf.cast(counter, tf.int64), [1]),
+                                                      "tfsync.switch.iterations")
+                counter.assign(tf.cast(tf.reduce_max(every), counter.dtype))
 
     def _check(self, mode: str) -> None:
         if mode not in self.exchanges:

@@ -98,12 +98,14 @@ class DrainExchange(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._stopped = False
         steps = (self.params or {}).get("steps")
-        for policy in self._found or []:
+        self._found = self._policies()  # a switch may have put other policies in place
+        for policy in self._found:
             policy.begin_epoch(steps)
 
     def on_train_batch_end(self, batch, logs=None):
         steps = (self.params or {}).get("steps")
-        for policy in self._found or []:
+        self._found = self._policies()
+        for policy in self._found:
             if policy.ends_epoch() and steps and batch + 1 < steps:
                 self.model.stop_training = self._stopped = True
 

@@ -27,6 +27,10 @@ class SwitchPlan:
     """Base: in force for no configuration."""
 
     knob = ""  # the knob that puts the plan in force (errors about the run name it)
+    # Whether the plan's hybrid phase may run speed-proportional local steps: it decides at
+    # cross-group rounds and leaves hybrid at an epoch's end, not at a step count that every
+    # rank must have run alike.
+    decides_at_rounds = False
 
     def modes(self, config) -> Sequence[str]:
         """The modes a run of `config` switches between, the one it starts in first

@@ -15,6 +15,8 @@ from tfsyncmodes.switching.straggler import StragglerSwitch
 class StragglerPlan(SwitchPlan):
     """``--sync_switch_policy=straggler``: starts in sync, may switch to hybrid and back."""
 
+    decides_at_rounds = True
+
     def modes(self, config):
         if config.switch_policy != "straggler":
             return ()

@@ -17,6 +17,17 @@ may need is registered when Horovod starts (:mod:`~tfsyncmodes.switching.candida
 hybrid exchange is rebuilt for the new groups over the optimizer variables its state already
 has (the same config builds the same state, in the same order).
 
+The hybrid phase runs the hybrid configuration of the run, speed-proportional local steps
+(``--sync_local_steps=auto``, the default) included: the fast groups run more steps than the
+slow one, so the ranks' step counts part. While such a phase runs, the policy decides every
+``ceil(switch_interval / period)`` cross-group rounds instead of every ``switch_interval``
+steps (every rank has run the same rounds, whatever its steps) on each rank's time per step taken
+as its group's, as the rounds measure and share it (a group runs at its slowest rank's pace;
+no further message), and a decision to go back to
+sync takes effect at the end of the epoch, where every group ends it together (the groups' step
+counts then differ no more than their epochs' do; the switch makes the optimizer's step counter
+the most any rank ran).
+
 Limit: a rank slowed *inside* the train function (slow kernels) makes its peers wait for just
 as long inside theirs, so host timing cannot tell it from them; such a straggler is seen only
 once the ranks no longer wait for each other. ``--sync_slow_worker`` delays a rank between steps.
@@ -30,6 +41,7 @@ from absl import logging
 
 from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.exchange import communicators, recipes
+from tfsyncmodes.exchange.local_steps import SpeedProportionalAverage
 from tfsyncmodes.switching.callback import ModeSwitch
 from tfsyncmodes.switching.decision import Decision, Groups, StragglerDecider, own_step_times
 
@@ -49,6 +61,8 @@ class StragglerSwitch(ModeSwitch):
         self._in_step = self._cycle = 0.0
         self._timed = 0
         self._skip = 2  # the first steps trace the train function
+        self._rounds_seen = 0  # cross-group rounds at the last decision (hybrid, local_steps=auto)
+        self._back_to_sync: Optional[Decision] = None  # decided; takes effect at the epoch's end
 
     def on_epoch_begin(self, epoch, logs=None):
         super().on_epoch_begin(epoch, logs)
@@ -71,11 +85,66 @@ class StragglerSwitch(ModeSwitch):
             break
         self._ended = time.perf_counter()
         super().on_train_batch_end(batch, logs)
-        self._step += 1
-        if self._step % self.interval == 0:
-            self._decide()
+        rounds = self._speed_proportional_rounds()
+        if rounds is None:
+            self._step += 1
+            if self._step % self.interval == 0:
+                self._decide(batch)
+        elif self._back_to_sync is None and rounds - self._rounds_seen >= self._window_rounds():
+            self._rounds_seen = rounds
+            self._decide(batch)
 
-    def _decide(self) -> None:
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)  # the epoch's logs: the mode it trained in
+        decision, self._back_to_sync = self._back_to_sync, None
+        if decision is not None:  # every group ends the epoch at the same round
+            self.switch_to("sync", f"slowest/median {decision.ratio:.2f}, at the epoch's end")
+            self._step, self._began, self._skip = 0, None, 2
+            if logs is not None:
+                logs["mode_switches"] = logs.get("mode_switches", 0.0) + 1.0
+
+    def _speed_proportional(self):
+        """The hybrid phase's speed-proportional policy while it trains (None otherwise)."""
+        if self.mode != "hybrid":
+            return None
+        found = self.exchange.exchanges["hybrid"].find(SpeedProportionalAverage)
+        return found[0] if found and found[0].active else None
+
+    def _speed_proportional_rounds(self) -> Optional[int]:
+        policy = self._speed_proportional()
+        return None if policy is None else int(policy.rounds.numpy())
+
+    def _window_rounds(self) -> int:
+        policy = self._speed_proportional()
+        return max(1, -(-self.interval // policy.period))
+
+    def _decide(self, batch: int) -> None:
+        policy = self._speed_proportional()
+        times = self._gathered_times() if policy is None else self._group_paced_times(policy)
+        if times is None:
+            return  # a window without timed steps (just after a switch): nothing to judge
+        decision = self.decider.observe(times)
+        self.decisions.append(decision)
+        if self._is_chief() and (decision.switched or logging.get_verbosity() >= logging.DEBUG):
+            logging.info("tfsyncmodes: step %d: %s", self.step, decision.line())
+        self._scalars(decision)
+        if not decision.switched:
+            return
+        if decision.mode == "sync" and self._speed_proportional() is not None:
+            self._back_to_sync = decision  # the groups' steps differ until the epoch's end
+            return
+        if decision.mode == "hybrid":
+            self._regroup(decision.groups)
+        self.switch_to(decision.mode, f"slowest/median {decision.ratio:.2f}")
+        self._began, self._skip = None, 2  # the new train function traces first
+        policy = self._speed_proportional()
+        if policy is not None:  # it plans the rest of this epoch from the steps already run
+            policy.begin_epoch((self.params or {}).get("steps"), done=batch + 1)
+            self._rounds_seen = 0  # the switch started its round count afresh
+
+    def _gathered_times(self) -> Optional[List[float]]:
+        """Every rank's own time per step over the window (one allgather of the host timings;
+        None: some rank timed no step)."""
         import tensorflow as tf
 
         timed = max(self._timed, 1)
@@ -84,17 +153,20 @@ class StragglerSwitch(ModeSwitch):
         self._in_step = self._cycle = 0.0
         self._timed = 0
         if float(gathered[:, 2].min()) < 1:
-            return  # a window without timed steps (just after a switch): nothing to judge
-        decision = self.decider.observe(own_step_times(list(gathered[:, 0]), list(gathered[:, 1])))
-        self.decisions.append(decision)
-        if self._is_chief() and (decision.switched or logging.get_verbosity() >= logging.DEBUG):
-            logging.info("tfsyncmodes: step %d: %s", self.step, decision.line())
-        self._scalars(decision)
-        if decision.switched:
-            if decision.mode == "hybrid":
-                self._regroup(decision.groups)
-            self.switch_to(decision.mode, f"slowest/median {decision.ratio:.2f}")
-            self._began, self._skip = None, 2  # the new train function traces first
+            return None
+        return own_step_times(list(gathered[:, 0]), list(gathered[:, 1]))
+
+    def _group_paced_times(self, policy: SpeedProportionalAverage) -> Optional[List[float]]:
+        """In a speed-proportional hybrid phase: each rank at its group's pace, as the last
+        round measured and shared it (a group runs at its slowest rank's pace; the wait at
+        the rounds is left out). No message: every rank holds the same figures."""
+        self._in_step = self._cycle = 0.0
+        self._timed = 0
+        step_times = policy.recorded_plan_inputs()[0]
+        if not len(step_times) or float(step_times[-1].min()) <= 0.0:
+            return None
+        layout = self.strategy.layout
+        return [float(step_times[-1][layout.group_of(rank)]) for rank in range(layout.world_size)]
 
     def _regroup(self, groups: Groups) -> None:
         """Rebuilds the hybrid exchange for `groups` over its existing state variables."""
@@ -102,7 +174,7 @@ class StragglerSwitch(ModeSwitch):
         active = self.strategy.regroup(layout)
         if active is None:
             return
-        hybrid = recipes.mode_exchange(recipes.mode_config(self.strategy.config, "hybrid"), active)
+        hybrid = recipes.mode_exchange(recipes.mode_config(self.strategy.config, "hybrid", decides_at_rounds=True), active)
         self.exchange.replace("hybrid", hybrid)
 
     def _scalars(self, decision: Decision) -> None:
@@ -116,4 +188,5 @@ class StragglerSwitch(ModeSwitch):
             for rank, seconds in enumerate(decision.times):
                 tf.summary.scalar(f"switch_policy/step_ms_rank_{rank}", seconds * 1000.0)
             tf.summary.scalar("switch_policy/slowest_over_median", decision.ratio)
-        self._writer.flush()
+        # Not flushed here: a flush per window would slow the chief's steps (and, in hybrid, its
+        # group's pace); the writer flushes at each switch and when training ends.

@@ -39,7 +39,8 @@ class SwitchingStrategy(HorovodStrategy):
                  plan=None):
         self.modes = tuple(modes)
         self.plan = plan
-        self.configs = {m: mode_config(config, m) for m in self.modes}
+        at_rounds = bool(getattr(plan, "decides_at_rounds", False))
+        self.configs = {m: mode_config(config, m, at_rounds) for m in self.modes}
         self._mode = self.modes[0]
         self.layout, self._groups = None, None
         prepare = getattr(plan, "prepare_horovod", None)  # e.g. process sets a policy may need
