@@ -19,7 +19,13 @@
     order nobody controls. Each update's staleness is recorded on its own (Keras 3: the step
     results the loop fetches; tf_keras: a histogram on the parameter server, added to with the
     variable's atomic ``scatter_add``), and each epoch's ``dropped_updates`` in the History
-    must equal exactly that epoch's number of updates staler than the bound. Its weights are not replayed: each
+    must equal exactly that epoch's number of updates staler than the bound. A second count
+    does not use the implementation's staleness at all: the model carries a probe scalar whose
+    loss term is the probe itself (gradient exactly 1), trained by plain SGD at 2**-10 with the
+    drop as the only remedy, so each applied update moves it by exactly -2**-10 and a dropped
+    one by 0; the probe's change over each epoch, divided by the learning rate, is that epoch's
+    applied updates (a whole number, exactly), and the steps minus those must be the History's
+    ``dropped_updates``. The other weights are not replayed: each
     variable is read and written over gRPC separately, so which update's writes a concurrent
     read saw, variable by variable and against the forward pass's own reads, is not
     observable, and momentum's slot update is a read-modify-write that concurrent workers can
@@ -238,3 +244,10 @@ def test_ssp_drop_and_delay_compensation_on_a_real_cluster_equal_numpy(tmp_path,
     # The History's count per epoch is exactly the updates staler than the bound.
     np.testing.assert_array_equal(fit["dropped"], stale)
     assert 0 < stale.sum() < counts.sum(), counts  # updates really were stale, not all of them
+    # The independent count, from the weights alone: the probe moves by exactly -lr per applied
+    # update and not at all per dropped one (its values are exact in float32).
+    moved = -np.diff(fit["probe"].astype(np.float64)) / float(fit["lr"])
+    applied = np.rint(moved)
+    np.testing.assert_array_equal(moved, applied, err_msg="the probe moved by a fraction of a step")
+    np.testing.assert_array_equal(int(fit["steps_per_epoch"]) - applied, fit["dropped"],
+                                  err_msg="steps minus the updates the probe saw applied != dropped_updates")

@@ -18,7 +18,11 @@ under the SSP bound and DC-ASGD, saved as NumPy files. The knobs come from the e
   ``model.fit``) for FIT_EPOCHS epochs with the cluster's ``--sync_slow_worker`` and
   ``max_staleness=0``; every update's staleness is saved (Keras 3: the fetched step results;
   tf_keras: a histogram on the parameter server, added to with ``scatter_add``, read at each
-  epoch's end), with the History's ``dropped_updates``.
+  epoch's end), with the History's ``dropped_updates``. The model carries a *probe*, a scalar
+  whose loss term is ``probe`` itself: its gradient is exactly 1 whatever the weights, so with
+  plain SGD at a learning rate of 2**-10 (and no remedy but the drop) every applied update
+  moves it by exactly -2**-10 and a dropped one not at all; its value at each epoch's end is
+  saved, a count of the applied updates read from the weights alone.
 """
 import os
 import sys
@@ -30,6 +34,7 @@ from tests import reference
 LR, MOMENTUM = 0.1, 0.5
 ROUNDS = (0, 2, 1, 3, 2, 0, 4, 1)  # fresh updates landing while each stale step waits
 FIT_EPOCHS, FIT_STEPS, FIT_FEATURES, FIT_BATCH, HIST, FIT_BOUND = 2, 30, 64, 128, 64, 0
+FIT_LR = 2.0 ** -10  # exact in float32: the probe's value stays a whole number of steps
 
 
 def flat_weights(model):
@@ -138,6 +143,16 @@ def fit(strategy, outdir):
     with strategy.scope():
         histogram = tf.Variable(tf.zeros([HIST], tf.int64), trainable=False)
 
+    class Probe(keras.layers.Layer):
+        """Passes its input on; adds ``probe`` (initially 0) to the loss, so d loss / d probe = 1."""
+
+        def build(self, input_shape):
+            self.probe = self.add_weight(name="probe", shape=(), initializer="zeros")
+
+        def call(self, inputs):
+            self.add_loss(1.0 * self.probe)
+            return inputs
+
     class Recorded(keras.Sequential):
         """tf_keras: each update's staleness into a histogram on the parameter server."""
 
@@ -149,18 +164,24 @@ def fit(strategy, outdir):
 
     with strategy.scope():
         keras.utils.set_random_seed(3)
-        layers = [keras.Input((FIT_FEATURES,)), keras.layers.Dense(512, activation="relu"),
+        probe = Probe()
+        layers = [keras.Input((FIT_FEATURES,)), probe, keras.layers.Dense(512, activation="relu"),
                   keras.layers.Dense(8)]
         model = Recorded(layers) if compat.LEGACY else keras.Sequential(layers)
-        # Bound 0 here: every update another one overtook is dropped.
-        knobs = tfsyncmodes.config.resolve({"mode": "async", "max_staleness": FIT_BOUND}, use_flags=False)
-        model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.SGD(0.001), config=knobs), loss="mse")
+        # Bound 0 here: every update another one overtook is dropped. The drop is the only
+        # remedy (the cluster's delay compensation and the default 1/(1+s) off), so an applied
+        # update moves the probe by exactly the learning rate.
+        knobs = tfsyncmodes.config.resolve({"mode": "async", "max_staleness": FIT_BOUND,
+                                            "delay_compensation": "off", "staleness_aware_lr": False},
+                                           use_flags=False)
+        model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.SGD(FIT_LR), config=knobs), loss="mse")
 
-    per_epoch = []
+    per_epoch, probe_values = [], [np.float32(np.asarray(probe.probe))]
     if compat.LEGACY:
         class AtEpochEnd(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
                 per_epoch.append(np.asarray(histogram.read_value()))
+                probe_values.append(np.float32(np.asarray(probe.probe)))
 
         history = strategy.fit(model, dataset_fn, epochs=FIT_EPOCHS, steps_per_epoch=FIT_STEPS,
                                callbacks=[AtEpochEnd()], verbose=0)
@@ -175,6 +196,7 @@ def fit(strategy, outdir):
                 pending = list(self._pending)
                 logs = super().epoch_logs(last_step_logs)
                 per_epoch.append([int(np.asarray(r.fetch()["staleness"])) for r in pending])
+                probe_values.append(np.float32(np.asarray(probe.probe)))
                 return logs
 
         history = fit_loop(model, Recording(strategy, dataset_fn), epochs=FIT_EPOCHS,
@@ -183,7 +205,7 @@ def fit(strategy, outdir):
     np.savez(os.path.join(outdir, "fit.npz"), counts=counts,
              dropped=np.array(history.history["dropped_updates"]),
              iterations=int(np.asarray(model.optimizer.iterations)), steps=FIT_EPOCHS * FIT_STEPS,
-             bound=FIT_BOUND)
+             bound=FIT_BOUND, steps_per_epoch=FIT_STEPS, probe=np.array(probe_values, np.float32), lr=FIT_LR)
 
 
 def main(outdir, scenarios):
