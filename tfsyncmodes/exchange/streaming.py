@@ -34,7 +34,7 @@ class StreamingAverage(PeriodicAverage):
             raise ValueError(f"StreamingAverage(fragments={fragments}, period={period}): use 1 to period "
                              "fragments (one fragment's exchange per update)")
         self.fragments = fragments
-        self.parts = ()
+        self.blocks = ()
 
     @property
     def offsets(self):
@@ -46,7 +46,7 @@ class StreamingAverage(PeriodicAverage):
         size, count = self.ctx.size, self.fragments
         if count > size:
             raise ValueError(f"StreamingAverage(fragments={count}): the model has only {size} entries")
-        self.parts = tuple(self.ctx.part(p * size // count, (p + 1) * size // count, f"fragment{p}")
+        self.blocks = tuple(self.ctx.part(p * size // count, (p + 1) * size // count, f"fragment{p}")
                            for p in range(count))
 
     def _due_each(self, step: tf.Tensor):
@@ -61,7 +61,7 @@ class StreamingAverage(PeriodicAverage):
         step = tf.convert_to_tensor(self.step)
         due = sum(tf.where(d, p, 0) for p, d in enumerate(self._due_each(step)))
         index = tf.where(step <= self.warmup_steps, self.fragments, due)
-        branches = [functools.partial(self.fragment_round, variables, part) for part in self.parts]
+        branches = [functools.partial(self.fragment_round, variables, part) for part in self.blocks]
         tf.switch_case(index, branches + [functools.partial(self._whole_round, variables)])
 
     def _whole_round(self, variables):
