@@ -65,6 +65,23 @@ COMPOSED = {
                                                 "outer_lr": 0.5, "outer_momentum": 0.8}},
 }
 
+# Streaming periodic averaging (--sync_fragments): K fragments of the 18 entries on staggered
+# schedules over 8 steps, period 4 (fragment p after steps p * 4 / K + 4j); plain averaging,
+# DiLoCo's Nesterov outer step per fragment, and Top-K with error feedback after a warm-up round
+# of the whole model. fragments=1 is periodic_period_3 unchanged.
+STREAMING = {
+    "streaming_2_average": {"compression": "none", "period": 4, "fragments": 2, "cross_group": "periodic",
+                            "local_steps": "fixed", "steps": 8},
+    "streaming_4_nesterov": {"compression": "none", "period": 4, "fragments": 4, "cross_group": "periodic",
+                             "outer_optimizer": "nesterov", "outer_lr": 0.5, "outer_momentum": 0.8,
+                             "local_steps": "fixed", "steps": 8},
+    "streaming_2_topk_nesterov": {"compression": "topk", "topk_ratio": 0.25, "period": 4, "fragments": 2,
+                                  "warmup_steps": 1, "cross_group": "periodic", "outer_optimizer": "nesterov",
+                                  "local_steps": "fixed", "steps": 8},
+    "streaming_1": dict(FIXED_STEPS["periodic_period_3"], fragments=1),
+}
+STREAMING_JOB = {**STREAMING, **FIXED_STEPS}  # a job of its own (tests/test_hybrid_streaming.py)
+
 KERAS3_STEPS = 4  # of every scenario without its own "steps"
 KERAS3_JOB = {**KERAS3, **AUTO_STEPS, **FIXED_STEPS, **AUTO_PARTIAL, **COMPOSED}
 _DONE = {}

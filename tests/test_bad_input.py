@@ -254,6 +254,7 @@ BAD_KNOB_VALUES = {
     "group_size": INTEGER + ["0", "-1", "auto"], "groups": ["0,1;1", "a", "0;;1", "bogus"],
     "compression": ["bogus", "gzip"], "topk_ratio": NUMBER + ["0"], "error_feedback": ["maybe", "2"],
     "staleness": INTEGER + ["-1", "1001"], "period": INTEGER + ["0"], "cross_group": ["bogus"],
+    "fragments": INTEGER + ["0", "-1", "1025"],
     "outer_optimizer": ["bogus"], "outer_lr": NUMBER + ["0", "off"], "outer_momentum": NUMBER + ["1"],
     "warmup_steps": INTEGER + ["-1"], "elastic_alpha": NUMBER + ["0", "1.5", "off"],
     "local_steps": ["0", "3", "bogus"], "switch_policy": ["bogus"], "switch_threshold": NUMBER + ["1"],

@@ -199,6 +199,12 @@ KNOBS: Tuple[Knob, ...] = (
          "inner steps, the regime it was tuned for; 0.3 below, as measured at periods 8 and 32).",
          When(("hybrid",), lambda v, m: v["cross_group"] == "periodic" and v["outer_optimizer"] == "nesterov",
               "cross_group=periodic and outer_optimizer=nesterov", ("cross_group", "outer_optimizer"))),
+    Knob("fragments", 1, Number(int, 1, 1 << 10),
+         "Streaming DiLoCo: average the model in this many equal blocks of its flattened entries, "
+         "block p after the steps where (step - p * period / fragments) is a multiple of period, "
+         "so each exchange carries about 1/fragments of the model (1: the whole model at once). "
+         "At most period; local_steps is fixed with more than 1 (an explicit auto is refused).",
+         given("cross_group", "periodic")),
     Knob("warmup_steps", 0, Number(int, 0, 1 << 30),
          "The first this many steps exchange across groups at every step, in lockstep.", modes("hybrid")),
     Knob("elastic_alpha", "auto", Number(float, 0.0, 1.0, above=True, **_AUTO),

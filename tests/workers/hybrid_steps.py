@@ -69,16 +69,19 @@ def main(argv):
             time.sleep(self.seconds)
 
     class RoundsApplied(keras.callbacks.Callback):
-        """After each step: how many background cross-group rounds this rank has applied."""
+        """After each step: how many background cross-group rounds this rank has applied, and
+        the bytes it put on the cross-group wire in that step (the link's traffic counter)."""
 
         def on_train_begin(self, logs=None):
-            self.after_step = []
+            self.after_step, self.step_bytes = [], []
 
         def on_train_batch_end(self, batch, logs=None):
             found = links(self.model.optimizer)
             applied = found[0].rounds_applied() if found else None
             if applied is not None:
                 self.after_step.append(applied)
+            if found:
+                self.step_bytes.append(found[0].bytes_sent())
 
     strategy = tfsyncmodes.make_strategy("hybrid")
     base = strategy.config
@@ -131,7 +134,7 @@ def main(argv):
                  bytes_sent=history.history.get("bytes_sent", [-1.0])[-1],
                  compression_ratio=history.history.get("compression_ratio", [-1.0])[-1],
                  dense_bytes=found[0].dense_bytes if found else 0,
-                 schedule=np.array(rounds.after_step, np.int64),
+                 schedule=np.array(rounds.after_step, np.int64), step_bytes=np.array(rounds.step_bytes, np.int64),
                  lag=history.history.get("cross_group_lag", [-1.0])[-1],
                  optimizer_class=type(model.optimizer).__name__, groups_knob=base.groups,
                  center=center[0] if center else np.zeros(0, np.float32),

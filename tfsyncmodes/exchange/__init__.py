@@ -30,6 +30,7 @@ from tfsyncmodes.exchange.outer import AverageOuter, NesterovOuter
 from tfsyncmodes.exchange.policies import CrossGroupPolicy, PeriodicAverage, RoundPolicy, StaleExchange
 from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
 from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
+from tfsyncmodes.exchange.streaming import StreamingAverage
 from tfsyncmodes.exchange.transports import BackgroundExchange, InStep
 from tfsyncmodes.exchange.version import StepVersion
 
@@ -42,7 +43,7 @@ __all__ = [
     # hybrid
     "cross_group_link", "hybrid_chain", "CrossGroupLink", "InStep", "BackgroundExchange",
     "CrossGroupPolicy", "RoundPolicy", "StaleExchange", "PeriodicAverage", "SpeedProportionalAverage",
-    "ElasticAverage", "AverageOuter", "NesterovOuter",
+    "StreamingAverage", "ElasticAverage", "AverageOuter", "NesterovOuter",
     # async
     "StepVersion", "ClipByGlobalNorm", "DelayCompensation", "StaleUpdateDrop", "StalenessScaling",
     "InverseTimeDecay",

@@ -27,10 +27,16 @@ class TensorContext:
     name: str
     shape: Tuple[int, ...]
     layers: Tuple["TensorContext", ...] = ()
+    offset: int = 0  # where its entries start in the model's flat vector (a fragment's; 0: all of it)
 
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+    def part(self, start: int, stop: int, name: str) -> "TensorContext":
+        """The context of entries [start, stop) of this flat vector: a fragment of the model
+        (a block of entries, which may cut a variable, so it names no layers)."""
+        return TensorContext(name, (stop - start,), (), self.offset + start)
 
     @classmethod
     def of_variables(cls, variables: Sequence, name: str = "flat") -> "TensorContext":
@@ -58,6 +64,23 @@ def unflatten(flat: tf.Tensor, variables: Sequence) -> List[tf.Tensor]:
     sizes = [num_elements(v) for v in variables]
     return [tf.cast(tf.reshape(part, tuple(v.shape)), v.dtype)
             for part, v in zip(tf.split(flat, sizes), variables)]
+
+
+def window(whole, ctx: Optional[TensorContext]) -> tf.Tensor:
+    """The entries `ctx` (a fragment's context; None: all) covers of `whole`, a vector over the
+    whole model (a memory's residual, an outer optimizer's momentum, the anchor)."""
+    whole = tf.convert_to_tensor(whole)
+    if ctx is None or (ctx.offset == 0 and ctx.size == whole.shape[0]):
+        return whole
+    return whole[ctx.offset:ctx.offset + ctx.size]
+
+
+def with_window(whole, ctx: Optional[TensorContext], values: tf.Tensor) -> tf.Tensor:
+    """`whole` with the entries `ctx` covers replaced by `values` (None: `values` is all of it)."""
+    whole = tf.convert_to_tensor(whole)
+    if ctx is None or (ctx.offset == 0 and ctx.size == whole.shape[0]):
+        return values
+    return tf.concat([whole[:ctx.offset], values, whole[ctx.offset + ctx.size:]], axis=0)
 
 
 def assign_flat(variables: Sequence, flat: tf.Tensor) -> tf.Operation:

@@ -56,20 +56,26 @@ class CrossGroupLink:
         self.traffic.build(ctx.size, state)
         self.transport.build(ctx, state, start=self.active)
 
-    def send(self, tensor: tf.Tensor):
-        compensated = self.memory.compensate(tensor, self.ctx)
-        payload = self.compressor.compress(compensated, self.ctx)
-        remembered = self.memory.update(compensated, payload, self.compressor, self.ctx)
+    def send(self, tensor: tf.Tensor, ctx: Optional[TensorContext] = None):
+        """`ctx`: a fragment's context (:meth:`TensorContext.part`) when `tensor` is one
+        fragment of the model (None: the whole model)."""
+        ctx = ctx or self.ctx
+        compensated = self.memory.compensate(tensor, ctx)
+        payload = self.compressor.compress(compensated, ctx)
+        remembered = self.memory.update(compensated, payload, self.compressor, ctx)
         counted = self.traffic.record(payload_bytes(payload))
         with tf.control_dependencies([remembered, counted]):
             return tuple(tf.identity(t) for t in payload)
 
-    def exchange(self, payload) -> tf.Tensor:
-        return self.transport(payload)
+    def exchange(self, payload, ctx: Optional[TensorContext] = None) -> tf.Tensor:
+        """The other groups' sum; a fragment's (`ctx`) travels in the step, in a round of its own name."""
+        if ctx is None:
+            return self.transport(payload)
+        return self.transport.round(payload, f"tfsync.hybrid.cross.{ctx.name}", ctx)
 
-    def sent(self, payload) -> tf.Tensor:
+    def sent(self, payload, ctx: Optional[TensorContext] = None) -> tf.Tensor:
         """This group's own payload, decompressed."""
-        return self.compressor.decompress(payload, self.ctx)
+        return self.compressor.decompress(payload, ctx or self.ctx)
 
     def idle(self):
         """A step that sends nothing (counted as 0 bytes)."""

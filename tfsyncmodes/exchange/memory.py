@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tfsyncmodes.exchange.base import StateFactory
 from tfsyncmodes.exchange.compressors import Compressor, Payload
-from tfsyncmodes.exchange.flat import TensorContext
+from tfsyncmodes.exchange.flat import TensorContext, window, with_window
 from tfsyncmodes.registry import MEMORIES
 
 
@@ -49,7 +49,8 @@ class ErrorFeedback(Memory):
     For Top-K the residual is the compensated update with the sent entries zeroed, exactly:
     the sent values are copies of those entries, so their difference is 0, and every other
     entry is kept as it was. (Zeroing just those entries in place with a scatter measured
-    slower on CPU than this one dense subtraction.)
+    slower on CPU than this one dense subtraction.) For a fragment of the model (`ctx` with an
+    offset, as streaming averaging sends) it keeps and adds back that fragment's entries only.
     """
 
     def __init__(self):
@@ -59,11 +60,11 @@ class ErrorFeedback(Memory):
         self.residual = state("error_feedback_residual", list(ctx.shape), tf.float32)
 
     def compensate(self, tensor, ctx):
-        return tensor + tf.convert_to_tensor(self.residual)
+        return tensor + window(self.residual, ctx)
 
     def update(self, compensated, payload, compressor, ctx):
         sent = compressor.decompress(payload, ctx)
-        return self.residual.assign(compensated - sent)
+        return self.residual.assign(with_window(self.residual, ctx, compensated - sent))
 
 
 def default_memory(compressor: Compressor) -> Memory:

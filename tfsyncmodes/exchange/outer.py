@@ -3,7 +3,9 @@ round (``--sync_outer_optimizer``), as in DiLoCo (Douillard et al., 2023): the *
 ``anchor - averaged model`` goes to an ordinary optimizer step on the anchor.
 
 Contract: ``build(ctx, state)`` creates the optimizer's state (optimizer variables, so
-checkpoints carry the momentum); ``step(anchor, mean_change) -> new anchor``; its settings are
+checkpoints carry the momentum); ``step(anchor, mean_change, ctx=None) -> new anchor``, where
+`ctx` is a fragment's context when a streaming policy applies one fragment of the model (its
+state for those entries only: per-fragment momentum); its settings are
 its constructor's keyword arguments. A new one is a class here with
 ``@OUTER_OPTIMIZERS.register("name")``.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfsyncmodes.exchange.flat import window, with_window
 from tfsyncmodes.registry import OUTER_OPTIMIZERS
 
 DILOCO_PERIOD = 500  # inner steps per round DiLoCo's outer settings (lr 0.7, momentum 0.9) were tuned at
@@ -37,7 +40,8 @@ class AverageOuter:
     def build(self, ctx, state) -> None:
         del ctx, state
 
-    def step(self, anchor: tf.Tensor, mean_change: tf.Tensor) -> tf.Tensor:
+    def step(self, anchor: tf.Tensor, mean_change: tf.Tensor, ctx=None) -> tf.Tensor:
+        del ctx
         return anchor + self.lr * mean_change
 
 
@@ -45,7 +49,8 @@ class AverageOuter:
 class NesterovOuter(AverageOuter):
     """SGD with Nesterov momentum on the pseudo-gradient g = -mean_change, as PyTorch's SGD
     computes it: ``v = momentum * v + g``, ``anchor - lr * (g + momentum * v)``. DiLoCo's
-    settings are the defaults: `lr` 0.7, `momentum` 0.9."""
+    settings are the defaults: `lr` 0.7, `momentum` 0.9. A fragment (`ctx`) moves with its own
+    entries of the velocity."""
 
     def __init__(self, lr: float = 0.7, momentum: float = 0.9):
         super().__init__(lr)
@@ -55,8 +60,8 @@ class NesterovOuter(AverageOuter):
     def build(self, ctx, state):
         self.velocity = state("outer_nesterov_velocity", list(ctx.shape), tf.float32)
 
-    def step(self, anchor, mean_change):
+    def step(self, anchor, mean_change, ctx=None):
         pseudo_gradient = -mean_change
-        velocity = self.momentum * tf.convert_to_tensor(self.velocity) + pseudo_gradient
-        self.velocity.assign(velocity)
+        velocity = self.momentum * window(self.velocity, ctx) + pseudo_gradient
+        self.velocity.assign(with_window(self.velocity, ctx, velocity))
         return anchor - self.lr * (pseudo_gradient + self.momentum * velocity)

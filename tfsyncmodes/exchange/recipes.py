@@ -16,9 +16,8 @@ wrapper (``tfsyncmodes.keras``) and the strategies ask here; neither repeats the
   :class:`~tfsyncmodes.exchange.switchable.SwitchableExchange`.
 
 Every part takes its own typed settings; the functions below turn knobs into them, each knob
-read in one place. A registered part (compressor, outer optimizer, cross-group policy) gets the
-knob-made settings its constructor declares (e.g. ``ratio`` for a compressor, ``period`` and
-``warmup_steps`` for a round policy). A new mode adds its recipe with ``@recipe("name")``.
+read in one place. A registered part gets the knob-made settings its constructor declares (e.g.
+``ratio``, ``period``). A new mode adds its recipe with ``@recipe("name")``.
 """
 from __future__ import annotations
 
@@ -42,6 +41,7 @@ from tfsyncmodes.exchange.outer import momentum_for_period
 from tfsyncmodes.exchange.policies import CrossGroupPolicy, PeriodicAverage
 from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
 from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
+from tfsyncmodes.exchange.streaming import StreamingAverage
 from tfsyncmodes.exchange.switchable import SwitchableExchange
 from tfsyncmodes.exchange.version import StepVersion
 from tfsyncmodes.exchange.warmup import SparsityWarmup
@@ -180,27 +180,19 @@ def async_exchange(config, version: Optional[StepVersion] = None) -> Chain:
     """
     lam, clip_norm, bound, decay = (config.delay_compensation, config.clip_norm, config.max_staleness,
                                     config.lr_decay)
-    aware = discounts_late_updates(config)
     version = version if version is not None else StepVersion()
-    parts = [version]
-    if lam != "off":
-        parts.append(DelayCompensation(lam))
-    if clip_norm != "off":
-        parts.append(ClipByGlobalNorm(clip_norm))
-    if bound != "off":
-        parts.append(StaleUpdateDrop(bound, version))
-    if aware:
-        parts.append(StalenessScaling(version))
-    if decay != "off":
-        parts.append(InverseTimeDecay(decay, version))
-    return Chain(*parts)
+    parts = [version, DelayCompensation(lam) if lam != "off" else None,
+             ClipByGlobalNorm(clip_norm) if clip_norm != "off" else None,
+             StaleUpdateDrop(bound, version) if bound != "off" else None,
+             StalenessScaling(version) if discounts_late_updates(config) else None,
+             InverseTimeDecay(decay, version) if decay != "off" else None]
+    return Chain(*[part for part in parts if part is not None])
 
 
 # --- knobs to settings: each knob is read in one function below ------------------------------
 
 def _settings(cls, **settings) -> dict:
-    """The `settings` that `cls`'s constructor declares (a registered part gets the knobs it
-    has a setting for, and no others)."""
+    """The `settings` that `cls`'s constructor declares (a part gets the knobs it has a setting for)."""
     declared = inspect.signature(cls).parameters
     return {name: value for name, value in settings.items() if name in declared}
 
@@ -221,8 +213,7 @@ def dgc_on(config) -> bool:
     return bool(config.dgc) and config.compression in TOPK
 
 
-def dgc_momentum(config) -> float:
-    """``--sync_dgc_momentum``: the momentum correction's m."""
+def dgc_momentum(config) -> float:  # --sync_dgc_momentum: the momentum correction's m
     return config.dgc_momentum
 
 
@@ -247,14 +238,11 @@ def discounts_late_updates(config) -> bool:
     return config.staleness_aware_lr
 
 
-def stale_bound(config) -> int:
-    """How many steps late a background policy's rounds may be applied (``--sync_staleness``)."""
+def stale_bound(config) -> int:  # --sync_staleness: a background policy's rounds at most this late
     return config.staleness
 
 
-def period(config) -> int:
-    """Updates per round of a round policy (``--sync_period``; with speed-proportional local
-    steps, the fastest group's)."""
+def period(config) -> int:  # --sync_period: updates per round (local_steps=auto: the fastest group's)
     return config.period
 
 
@@ -283,15 +271,30 @@ def elastic_alpha(config, num_groups: int) -> float:
                           f"use a value in (0, {1.0 / num_groups:.6g}], or 0 for {PAPER_BETA}/{num_groups}") from None
 
 
+def fragments(config) -> int:
+    """``--sync_fragments`` (at most the period); above 1 local steps are fixed, and an explicit
+    ``--sync_local_steps=auto`` is refused (speed-proportional rounds are not staggered)."""
+    count, source_field = config.fragments, knob_field(config, "fragments")
+    if count > 1 and config.sources.get("local_steps", "default") != "default" and config.local_steps == "auto":
+        raise ConfigError(*knob_field(config, "local_steps"), f"auto cannot run with fragments={count} (each "
+                          "fragment has its own fixed schedule)", "use fixed, or fragments=1")
+    if count > period(config):
+        raise ConfigError(*source_field, f"{count} is above the period {period(config)} (one fragment's "
+                          "exchange per step)", f"use 1 to {period(config)}, or a longer period")
+    return count
+
+
 def cross_group_policy(policy, config, link, warmup_steps: int) -> CrossGroupPolicy:
     """The cross-group policy class `policy` over `link`, with the settings it declares:
-    ``period`` (:func:`period`), ``warmup_steps``, ``outer`` (:func:`outer_optimizer`) and
-    ``alpha`` (:func:`elastic_alpha`). ``--sync_local_steps=auto`` makes periodic averaging
-    speed-proportional."""
-    if policy is PeriodicAverage and config.local_steps == "auto":
+    ``period`` (:func:`period`), ``warmup_steps``, ``outer`` (:func:`outer_optimizer`),
+    ``alpha`` (:func:`elastic_alpha`) and ``fragments`` (:func:`fragments`). Periodic averaging
+    is streaming with more than one fragment, else speed-proportional with ``local_steps=auto``."""
+    if policy is PeriodicAverage and fragments(config) > 1:
+        policy = StreamingAverage
+    elif policy is PeriodicAverage and config.local_steps == "auto":
         policy = SpeedProportionalAverage
     declared = inspect.signature(policy).parameters
-    settings = {}
+    settings = {"fragments": fragments(config)} if "fragments" in declared else {}
     if "period" in declared:
         settings["period"] = period(config)
     if "warmup_steps" in declared:

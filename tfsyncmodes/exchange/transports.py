@@ -48,9 +48,10 @@ class InStep:
         """(dtype, shape) of each payload tensor of the built tensor."""
         return self.compressor.payload_spec(self.ctx)
 
-    def round(self, payload, name: str):
-        """One round across groups: the sum of the other groups' updates, dense."""
-        return self.communicator.send_receive(tuple(payload), self.compressor, self.ctx, name)
+    def round(self, payload, name: str, ctx=None):
+        """One round across groups: the sum of the other groups' updates, dense (`ctx`: a
+        fragment's context; None: the whole model's)."""
+        return self.communicator.send_receive(tuple(payload), self.compressor, ctx or self.ctx, name)
 
     def __call__(self, payload):
         return self.round(payload, "tfsync.hybrid.cross")
