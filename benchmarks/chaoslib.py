@@ -85,9 +85,12 @@ def environment(mode: str, run_id: str, commit: int) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TFSYNC_", "HOROVOD_", "OMPI_", "PMI_")) and k != "TF_CONFIG"}
     env.update(PYTHONPATH=os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p),
-               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", TF_USE_LEGACY_KERAS="0",
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                GRPC_FAIL_FAST="use_caller", TFSYNC_MODE=mode)
     env[RUN_MARK] = run_id
+    # Sync under Keras 3; async under tf_keras, whose fit calls the model's train_step (Keras 3's
+    # async runs the package's own loop, which does not, so the step log would stay empty).
+    env["TF_USE_LEGACY_KERAS"] = "1" if mode == "async" else "0"
     if mode == "sync":
         env.update(TFSYNC_ELASTIC="true", TFSYNC_ELASTIC_COMMIT=str(commit), TFSYNC_COLLECTIVE_TIMEOUT="10")
     else:  # plain SGD, as the NumPy reference trains it
