@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from statistics import median
 
@@ -119,6 +120,8 @@ def plot(rows, path):
 
 def main(argv=None):
     args = parse(argv)
+    # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C: each run's job is stopped and removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
     intervals = ([None] if args.baseline else []) + args.intervals
     for mode in args.modes:
