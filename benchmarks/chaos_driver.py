@@ -1,0 +1,100 @@
+"""One chaos run: start the 4-rank job, kill a random non-chief process every interval, wait
+for the end, and measure (:mod:`benchmarks.chaoslib` says what is measured and how)."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from typing import Optional, Sequence
+
+import numpy as np
+
+from benchmarks import chaoslib
+from tfsync_testbed import localrun
+
+
+def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs: int = 10,
+        steps_per_epoch: int = 100, step_ms: float = 50.0, commit: int = 10,
+        max_kills: Optional[int] = None, quiet_tail: float = 0.15, timeout: float = 900) -> dict:
+    """A chaos run of `mode` ("sync" or "async"); `interval` (low, high) seconds between kills,
+    None for an undisturbed run. No kill comes before the first step or once the job is within
+    `quiet_tail` of its promised steps (so that each failure has its recovery inside the run).
+    Returns the analysis, the kills, the final state the chief wrote, and what was left behind
+    (every process of the run is killed and its temporary directory removed in any case)."""
+    if mode not in ("sync", "async"):
+        raise ValueError(f"chaos runs exist for sync and async, not {mode!r}")
+    promised = epochs * steps_per_epoch
+    low = interval[0] if interval else 1.0
+    budget = max_kills if max_kills is not None else int(promised * step_ms / 1000 / max(low, 1.0)) + 4
+    rng = random.Random(seed)
+    run_id = uuid.uuid4().hex
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="chaos-") as work:
+        log = open(os.path.join(work, "output.log"), "w+", encoding="utf-8", errors="replace")
+        job = subprocess.Popen(
+            chaoslib.command(mode, work, epochs, steps_per_epoch, step_ms, budget),
+            cwd=chaoslib.REPO, env=chaoslib.environment(mode, run_id, commit), stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+        kills, victims, status = [], [], None
+        try:
+            next_kill = None
+            deadline = time.monotonic() + timeout
+            while job.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                if interval is None or len(kills) >= budget:
+                    continue
+                records = chaoslib.read_steps(work, mode)
+                if not records:
+                    continue
+                if next_kill is None:
+                    next_kill = records[0][0] + rng.uniform(*interval)
+                done = max(r[2] for r in records) / promised
+                if time.time() < next_kill or done > 1 - quiet_tail:
+                    continue
+                candidates = chaoslib.victims(work, mode, open(log.name, encoding="utf-8",
+                                                               errors="replace").read())
+                # A sync world waits for the lost rank to be back before losing another.
+                if not candidates or (mode == "sync" and len(candidates) < chaoslib.WORKERS - 1):
+                    continue
+                pid = rng.choice(candidates)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                kills.append(time.time())
+                victims.append(pid)
+                next_kill = kills[-1] + rng.uniform(*interval)
+            status = job.poll()
+        finally:
+            localrun.kill_group(job, signal.SIGTERM)
+            try:
+                job.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                localrun.kill_group(job)
+                job.wait()
+            ended = time.time()
+            time.sleep(1)
+            leftovers = chaoslib.left_behind(run_id)
+            for pid in leftovers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            log.seek(0)
+            output = log.read()
+            log.close()
+        records = chaoslib.read_steps(work, mode)
+        final = os.path.join(work, "final.npz")
+        weights = {k: v for k, v in np.load(final).items()} if os.path.exists(final) else None
+    result = chaoslib.analyse(records, kills, rollback=mode == "sync")
+    result.update(mode=mode, interval=list(interval) if interval else None, seed=seed, status=status,
+                  promised_steps=promised, kills=[k - started for k in kills], kill_times=kills, victims=victims,
+                  wall_seconds=ended - started, leftovers=leftovers, output=output, step_log=records,
+                  final=weights, work=work)
+    if records:
+        result["startup_seconds"] = records[0][0] - started
+    return result

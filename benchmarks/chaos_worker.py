@@ -1,0 +1,121 @@
+"""The job a chaos run disturbs (``benchmarks.chaos``, ``tests/test_chaos.py``): a softmax
+regression on the digits through ``strategy.fit``, in sync (every rank of an elastic
+``horovodrun``) or async (every task of ``python -m tfsyncmodes.launch``); the knobs come from
+``TFSYNC_*``.
+
+Each step also waits ``--step_ms`` in its input pipeline (TensorFlow's sleep dataset, standing
+for a larger model's compute; it holds no core), and writes one line, after its update, to a
+step log in ``--out``: ``BEGIN END ITERATIONS RANK SIZE`` (unix seconds of the step's start and
+end, the optimizer's step count read after the update, the writer's rank, the world's size).
+In sync every rank writes ``steps-<pid>.log``, and ``rank-<pid>`` holds the rank and size of
+each of its attempts (so that a chaos driver can pick a rank to kill); in async the workers run
+the steps and append to ``steps-async.log``. The model counts the samples it trained on in a
+variable of its own (sync: the sum over the world each step, by allreduce), which an elastic
+rollback restores with the rest of the state. The chief (rank 0) writes ``final.npz``: the
+weights, the step and sample counts."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+CLASSES, PER_WORKER_BATCH = 10, 16
+
+
+def digits():
+    """(x_train, y_train, x_test, y_test): the digits, split as the example trainer splits them."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x, y = (data.data / 16.0).astype("float32"), data.target.astype("int32")
+    order = np.random.default_rng(0).permutation(len(x))
+    split = len(x) * 4 // 5
+    return x[order[:split]], y[order[:split]], x[order[split:]], y[order[split:]]
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="directory for the step logs and final.npz")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--steps_per_epoch", type=int, default=100)
+    parser.add_argument("--step_ms", type=float, default=50.0, help="emulated compute per step")
+    parser.add_argument("--learning_rate", type=float, default=0.5)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv)
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing
+
+    import tfsyncmodes
+    from tfsyncmodes.keras.compat import keras
+
+    strategy = tfsyncmodes.make_strategy()  # a ps or worker task of async serves here and exits
+    sync = strategy.mode == "sync"
+    if sync:
+        import horovod.tensorflow as hvd
+    x, y, _, _ = digits()
+
+    class Logged(keras.Sequential):
+        """Counts its samples, and logs each step after its update."""
+
+        def __init__(self, layers):
+            super().__init__(layers)
+            self.samples = self.add_weight(name="samples", shape=(), dtype="int64",
+                                           initializer="zeros", trainable=False)
+
+        def train_step(self, data):
+            begin = tf.timestamp()
+            with tf.control_dependencies([begin]):
+                data = tf.nest.map_structure(tf.identity, data)
+            logs = super().train_step(data)
+            batch = tf.cast(tf.shape(data[0])[0], tf.int64)
+            if sync:  # the world's samples, the rank and size as traced in this world
+                batch = hvd.allreduce(batch, op=hvd.Sum, name="chaos.samples")
+            rank, size = strategy.worker_index, strategy.num_workers
+            raw_samples = self.samples.value if not callable(self.samples.value) else self.samples
+            path = os.path.join(args.out, f"steps-{os.getpid()}.log" if sync else "steps-async.log")
+            with tf.control_dependencies(tf.nest.flatten(logs)):
+                counted = raw_samples.assign_add(batch)  # the variable's own, atomic on a ps
+                with tf.control_dependencies([counted]):
+                    line = tf.strings.join([
+                        tf.strings.as_string(begin, precision=4), tf.strings.as_string(tf.timestamp(), precision=4),
+                        tf.strings.as_string(self.optimizer.iterations), str(rank), str(size)], " ")
+                    printed = tf.print(line, output_stream=f"file://{path}")
+            with tf.control_dependencies([printed]):
+                return tf.nest.map_structure(tf.identity, logs)
+
+    class Attempts(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            if sync:  # each attempt of the elastic loop: this process's rank in the new world
+                with open(os.path.join(args.out, f"rank-{os.getpid()}"), "w", encoding="utf-8") as handle:
+                    handle.write(f"{strategy.worker_index} {strategy.num_workers}\n")
+
+    def dataset_fn(context):
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        dataset = dataset.shuffle(len(x), seed=context.input_pipeline_id).repeat()
+        dataset = dataset.batch(PER_WORKER_BATCH, drop_remainder=True)
+        return dataset.apply(testing.sleep(int(args.step_ms * 1000)))
+
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = Logged([keras.Input((x.shape[1],)), keras.layers.Dense(CLASSES)])
+        model.compile(optimizer=strategy.wrap(keras.optimizers.SGD(args.learning_rate)),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], jit_compile=False)
+    strategy.fit(model, dataset_fn, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+                 callbacks=[Attempts()], verbose=0)
+    if strategy.is_chief:
+        kernel, bias = (np.asarray(w) for w in model.layers[-1].get_weights())
+        np.savez(os.path.join(args.out, "final.npz"), kernel=kernel, bias=bias,
+                 iterations=int(np.asarray(model.optimizer.iterations)),
+                 samples=int(np.asarray(model.samples)), size=strategy.num_workers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
