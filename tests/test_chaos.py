@@ -89,4 +89,6 @@ def test_async_loses_a_random_worker_every_20_s_and_the_launcher_restarts_it():
     assert len(result["kills"]) >= 2, result["output"][-4000:]
     final = check(result, numpy_reference_accuracy(steps, 16, 0.3))
     assert result["output"].count("restarting it at 127.0.0.1") == len(result["kills"])
-    assert int(final["samples"]) == 16 * int(final["iterations"])  # counted on the ps
+    # Counted on the ps, at least once per step (a worker lost after its update landed and before
+    # it reported has its step run again; the step and sample counters may then differ by it).
+    assert 16 * steps <= int(final["samples"]) <= 16 * (steps + len(result["kills"])), final
