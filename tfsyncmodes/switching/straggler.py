@@ -85,14 +85,16 @@ class StragglerSwitch(ModeSwitch):
             break
         self._ended = time.perf_counter()
         super().on_train_batch_end(batch, logs)
-        rounds = self._speed_proportional_rounds()
-        if rounds is None:
+        policy = self._speed_proportional()
+        if policy is None:
             self._step += 1
             if self._step % self.interval == 0:
                 self._decide(batch)
-        elif self._back_to_sync is None and rounds - self._rounds_seen >= self._window_rounds():
-            self._rounds_seen = rounds
-            self._decide(batch)
+        elif self._back_to_sync is None:
+            rounds = int(policy.rounds.numpy())
+            if rounds - self._rounds_seen >= max(1, -(-self.interval // policy.period)):
+                self._rounds_seen = rounds
+                self._decide(batch, policy)
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)  # the epoch's logs: the mode it trained in
@@ -110,16 +112,8 @@ class StragglerSwitch(ModeSwitch):
         found = self.exchange.exchanges["hybrid"].find(SpeedProportionalAverage)
         return found[0] if found and found[0].active else None
 
-    def _speed_proportional_rounds(self) -> Optional[int]:
-        policy = self._speed_proportional()
-        return None if policy is None else int(policy.rounds.numpy())
-
-    def _window_rounds(self) -> int:
-        policy = self._speed_proportional()
-        return max(1, -(-self.interval // policy.period))
-
-    def _decide(self, batch: int) -> None:
-        policy = self._speed_proportional()
+    def _decide(self, batch: int, policy: Optional[SpeedProportionalAverage] = None) -> None:
+        """One window's decision; `policy`: the speed-proportional hybrid phase's, if it runs."""
         times = self._gathered_times() if policy is None else self._group_paced_times(policy)
         if times is None:
             return  # a window without timed steps (just after a switch): nothing to judge
@@ -130,7 +124,7 @@ class StragglerSwitch(ModeSwitch):
         self._scalars(decision)
         if not decision.switched:
             return
-        if decision.mode == "sync" and self._speed_proportional() is not None:
+        if decision.mode == "sync" and policy is not None:
             self._back_to_sync = decision  # the groups' steps differ until the epoch's end
             return
         if decision.mode == "hybrid":
