@@ -37,7 +37,7 @@ from benchmarks.benchlib import DOCS, REPO, TRAIN, replace_section, repo_env
 flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8.")
 flags.DEFINE_enum("link", "1gbit", list(cal.LINK_CLASSES), "Link class between the hosts (scaled, see bed_calibration).")
 flags.DEFINE_list("straggler", ["none", "persistent"], "Conditions: " + ", ".join(cal.STRAGGLERS) + ".")
-flags.DEFINE_list("modes", ["sync", "hybrid", "async"], "Modes: sync, hybrid, async.")
+flags.DEFINE_list("modes", ["sync", "hybrid", "async"], "Modes: sync, hybrid, async, policy (sync with the straggler policy).")
 flags.DEFINE_integer("repeats", 3, "Runs of every mode and condition.")
 flags.DEFINE_integer("epochs", 3, "Epochs of every run.")
 flags.DEFINE_integer("batch_size", 64, "Global batch of a sync/hybrid step (an async worker's: this / --ranks).")
@@ -46,6 +46,7 @@ flags.DEFINE_float("pareto_alpha", 2.0, "ALPHA of the heavy condition's Pareto p
 flags.DEFINE_float("timeout", 900.0, "Seconds one run may take.")
 flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 FLAGS = flags.FLAGS
+MODES = ("sync", "hybrid", "async", "policy")  # policy: sync with --sync_switch_policy=straggler
 TRAIN_SAMPLES = 1437  # the trainer's 4/5 of scikit-learn's 1797 digits
 
 
@@ -61,8 +62,8 @@ def check() -> None:
         if name not in cal.STRAGGLERS:
             bad("straggler", f"{name!r} is not a condition", "use " + ", ".join(cal.STRAGGLERS))
     for mode in FLAGS.modes:
-        if mode not in ("sync", "hybrid", "async"):
-            bad("modes", f"{mode!r} is not a mode of the bed", "use sync, hybrid, async")
+        if mode not in MODES:
+            bad("modes", f"{mode!r} is not a mode of the bed", "use " + ", ".join(MODES))
     if FLAGS.batch_size % FLAGS.ranks or FLAGS.batch_size < FLAGS.ranks:
         bad("batch_size", f"{FLAGS.batch_size} does not split over {FLAGS.ranks} ranks", f"use a multiple of {FLAGS.ranks}")
     if not (math.isfinite(FLAGS.pareto_alpha) and FLAGS.pareto_alpha > 1):
@@ -82,7 +83,8 @@ def train_flags(mode: str, condition: str, work: str) -> list:
     horovod = mode != "async"
     batch = FLAGS.batch_size if horovod else FLAGS.batch_size // FLAGS.ranks
     steps_per_worker = TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs
-    out = [f"--sync_mode={mode}", f"--epochs={FLAGS.epochs}", f"--batch_size={batch}",
+    out = ["--sync_mode=sync", "--sync_switch_policy=straggler"] if mode == "policy" else [f"--sync_mode={mode}"]
+    out += [f"--epochs={FLAGS.epochs}", f"--batch_size={batch}",
            f"--hidden_units={cal.HIDDEN_UNITS}", "--eval_each_epoch", f"--model_dir={work}/model",
            f"--metrics_file={work}/metrics.json"]
     if FLAGS.compute == "emulated":  # a step on the global batch: every rank's part waits EMU_STEP_MS
@@ -126,6 +128,20 @@ def seconds_to(run: dict, target: float):
     return None
 
 
+def ratios_to_sync(done: list, sync: list, targets: dict) -> dict:
+    """Per repeat: this run's seconds to each target over the same repeat's sync run's (the runs
+    of a repeat are taken back to back, so they share the machine's state)."""
+    by_repeat = {r["repeat"]: r for r in sync}
+    out = {}
+    for f, t in targets.items():
+        values = []
+        for run in done:
+            mine, theirs = seconds_to(run, t), seconds_to(by_repeat.get(run["repeat"], {"losses": [], "epoch_seconds": []}), t)
+            values.append(None if mine is None or not theirs else round(mine / theirs, 3))
+        out[str(f)] = values
+    return out
+
+
 def median_or_none(values):
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 3) if values else None
@@ -157,6 +173,7 @@ def main(argv):
                         sys.exit(f"benchmarks.bed: {mode} / {condition} failed with status {result.returncode}")
                     with open(f"{work}/metrics.json", encoding="utf-8") as handle:
                         run = summarise(mode, json.load(handle))
+                    run["repeat"] = repeat
                     runs.setdefault((condition, mode), []).append(run)
                     print(f"[bed] {repeat + 1}/{FLAGS.repeats} {condition} {mode}: {run['samples_per_s']:.0f} "
                           f"samples/s, accuracy {run['test_accuracy']:.3f}", flush=True)
@@ -174,6 +191,8 @@ def write(runs: dict, measured: float) -> None:
                      "samples_per_s_runs": [round(r["samples_per_s"], 1) for r in done],
                      "worker_rates": done[0]["worker_rates"] and [median_or_none(v) for v in zip(*(r["worker_rates"] for r in done))],
                      "seconds_to_sync_loss_drop": {str(f): median_or_none([seconds_to(r, t) for r in done]) for f, t in targets.items()},
+                     "ratio_to_sync_runs": ratios_to_sync(done, sync or [], targets),
+                     "test_accuracy_runs": [round(r["test_accuracy"], 4) for r in done],
                      "test_accuracy": median_or_none([r["test_accuracy"] for r in done])})
     result = {"ranks": FLAGS.ranks, "hosts": hosts_layout(FLAGS.ranks), "link": FLAGS.link, "compute": FLAGS.compute,
               "shaped": cal.tc_rate(FLAGS.link), "measured_mbit_s": round(measured / 1e6, 2),
@@ -185,16 +204,23 @@ def write(runs: dict, measured: float) -> None:
     with open(os.path.join(FLAGS.docs_dir, name + ".json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
     lines = [f"## Emulated cluster bed: {FLAGS.ranks} ranks, link {FLAGS.link} ({FLAGS.compute} compute)", "",
-             f"`python -m benchmarks.bed --ranks={FLAGS.ranks} --link={FLAGS.link} --compute={FLAGS.compute}` — "
+             f"`python -m benchmarks.bed --ranks={FLAGS.ranks} --link={FLAGS.link} --straggler={','.join(FLAGS.straggler)} "
+             f"--modes={','.join(FLAGS.modes)} --repeats={FLAGS.repeats} --epochs={FLAGS.epochs} --compute={FLAGS.compute}` — "
              f"hosts {result['hosts']} (namespaces), link shaped to {result['shaped']} (measured "
              f"{result['measured_mbit_s']} Mbit/s), ResNet-50-on-V100 calibration (benchmarks/bed_calibration.py), "
              f"{FLAGS.epochs} epochs, median of {FLAGS.repeats} runs; async on loopback through the launcher "
              "(unshaped). Loss targets: sync's 1/4, 1/2, 3/4 drop from ln 10 to its final loss, at epoch ends.", "",
-             "| straggler | mode | samples/s | runs | s to 1/4, 1/2, 3/4 | test accuracy |", "|---|---|---:|---|---|---:|"]
+             "Ratio to sync: a run's seconds to each target over the same repeat's sync run's (- : not reached).", "",
+             "| straggler | mode | samples/s | runs | s to 1/4, 1/2, 3/4 | ratio to sync per run (1/4; 1/2; 3/4) | test accuracy (runs) |",
+             "|---|---|---:|---|---|---|---|"]
     for r in rows:
         times = ", ".join("-" if v is None else f"{v:.1f}" for v in r["seconds_to_sync_loss_drop"].values())
+        ratios = "; ".join(", ".join("-" if v is None else f"{v:.2f}" for v in runs)
+                           for runs in r["ratio_to_sync_runs"].values()) if r["mode"] != "sync" else ""
+        accuracy = ", ".join(f"{v:.3f}" for v in r["test_accuracy_runs"])
         lines.append(f"| {r['straggler']} | {r['mode']} | {r['samples_per_s']:.0f} | "
-                     f"{', '.join(f'{v:.0f}' for v in r['samples_per_s_runs'])} | {times} | {r['test_accuracy']:.3f} |")
+                     f"{', '.join(f'{v:.0f}' for v in r['samples_per_s_runs'])} | {times} | {ratios} | "
+                     f"{r['test_accuracy']:.3f} ({accuracy}) |")
     replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), name, "\n".join(lines) + "\n")
 
 
