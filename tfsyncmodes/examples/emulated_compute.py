@@ -135,6 +135,8 @@ def step_waits(dataset: tf.data.Dataset, context, async_mode: bool, batch_size: 
             worker = -1
     else:
         worker = context.input_pipeline_id
+    # take(1): the sleep transformation also sleeps before it reports its end, so a one-element
+    # sleep dataset read to its end would wait twice per step.
     waits = factors_dataset(slow, jitter, seed, worker).flat_map(
-        lambda f: tf.data.Dataset.from_tensors(f).apply(testing.sleep(tf.cast(micros * f, tf.int64))))
+        lambda f: tf.data.Dataset.from_tensors(f).apply(testing.sleep(tf.cast(micros * f, tf.int64))).take(1))
     return tf.data.Dataset.zip((dataset, waits)).map(lambda element, _: element)
