@@ -116,7 +116,13 @@ def summarise(mode: str, metrics: dict) -> dict:
     horovod = mode != "async"
     samples = metrics.get("samples", metrics["steps"] * metrics["batch_size"])  # hybrid: every group's
     rate = samples / metrics["train_seconds"]
-    return {"samples_per_s": rate, "worker_rates": [rate / FLAGS.ranks] * FLAGS.ranks if horovod else None,
+    seconds = metrics.get("epoch_seconds", [])
+    steady = None  # after the first epoch (tracing, start-up and the first exchanges excluded)
+    if len(seconds) > 1 and seconds[-1] > seconds[0]:
+        per_epoch = samples / len(seconds)  # epochs of equal samples (a hybrid run's: near enough)
+        steady = per_epoch * (len(seconds) - 1) / (seconds[-1] - seconds[0])
+    return {"samples_per_s": rate, "steady_samples_per_s": steady,
+            "worker_rates": [rate / FLAGS.ranks] * FLAGS.ranks if horovod else None,
             "test_accuracy": metrics["test_accuracy"], "losses": metrics["losses"],
             "epoch_seconds": metrics.get("epoch_seconds", []), "train_seconds": metrics["train_seconds"]}
 
@@ -189,6 +195,8 @@ def write(runs: dict, measured: float) -> None:
         rows.append({"straggler": condition, "mode": mode,
                      "samples_per_s": median_or_none([r["samples_per_s"] for r in done]),
                      "samples_per_s_runs": [round(r["samples_per_s"], 1) for r in done],
+                     "steady_samples_per_s": median_or_none([r["steady_samples_per_s"] for r in done]),
+                     "steady_samples_per_s_runs": [r["steady_samples_per_s"] and round(r["steady_samples_per_s"], 1) for r in done],
                      "worker_rates": done[0]["worker_rates"] and [median_or_none(v) for v in zip(*(r["worker_rates"] for r in done))],
                      "seconds_to_sync_loss_drop": {str(f): median_or_none([seconds_to(r, t) for r in done]) for f, t in targets.items()},
                      "ratio_to_sync_runs": ratios_to_sync(done, sync or [], targets),
@@ -198,7 +206,8 @@ def write(runs: dict, measured: float) -> None:
               "shaped": cal.tc_rate(FLAGS.link), "measured_mbit_s": round(measured / 1e6, 2),
               "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link), 1),
               "emulated_step_ms": cal.EMU_STEP_MS, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
-              "pareto_alpha": FLAGS.pareto_alpha, "async_on": "loopback (launcher), unshaped", "rows": rows}
+              "pareto_alpha": FLAGS.pareto_alpha, "async_on": "loopback (launcher), unshaped", "rows": rows,
+              "runs": [{"straggler": c, "mode": m, **run} for (c, m), done in runs.items() for run in done]}
     name = f"bed_{FLAGS.ranks}r_{FLAGS.link}{'' if FLAGS.compute == 'emulated' else '_real'}"
     os.makedirs(FLAGS.docs_dir, exist_ok=True)
     with open(os.path.join(FLAGS.docs_dir, name + ".json"), "w", encoding="utf-8") as handle:
