@@ -45,6 +45,7 @@ flags.DEFINE_enum("compute", "emulated", ["emulated", "real"], "emulated: the ca
 flags.DEFINE_float("pareto_alpha", 2.0, "ALPHA of the heavy condition's Pareto per-step times (> 1).")
 flags.DEFINE_float("timeout", 900.0, "Seconds one run may take.")
 flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
+flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
 FLAGS = flags.FLAGS
 MODES = ("sync", "hybrid", "async", "policy")  # policy: sync with --sync_switch_policy=straggler
 TRAIN_SAMPLES = 1437  # the trainer's 4/5 of scikit-learn's 1797 digits
@@ -87,6 +88,7 @@ def train_flags(mode: str, condition: str, work: str) -> list:
     out += [f"--epochs={FLAGS.epochs}", f"--batch_size={batch}",
            f"--hidden_units={cal.HIDDEN_UNITS}", "--eval_each_epoch", f"--model_dir={work}/model",
            f"--metrics_file={work}/metrics.json"]
+    out += FLAGS.extra_flags.split()
     if FLAGS.compute == "emulated":  # a step on the global batch: every rank's part waits EMU_STEP_MS
         out.append(f"--compute_ms={cal.EMU_STEP_MS * (FLAGS.ranks if horovod else 1):g}")
         out += cal.straggler_flags(condition, steps_per_worker, FLAGS.pareto_alpha)
@@ -124,25 +126,32 @@ def summarise(mode: str, metrics: dict) -> dict:
     return {"samples_per_s": rate, "steady_samples_per_s": steady,
             "worker_rates": [rate / FLAGS.ranks] * FLAGS.ranks if horovod else None,
             "test_accuracy": metrics["test_accuracy"], "losses": metrics["losses"],
-            "epoch_seconds": metrics.get("epoch_seconds", []), "train_seconds": metrics["train_seconds"]}
+            "epoch_seconds": metrics.get("epoch_seconds", []), "train_seconds": metrics["train_seconds"],
+            "local_steps": {k: v for k, v in metrics.items() if k.startswith("local_steps_")},
+            "first_step_seconds": metrics.get("first_step_seconds")}
 
 
-def seconds_to(run: dict, target: float):
+def seconds_to(run: dict, target: float, after_first_step: bool = False):
+    """Seconds from the start (or from the first step's end: tracing and start-up, a fixed cost
+    that a long job amortises, left out) to the first epoch end whose loss is `target` or less."""
+    offset = (run.get("first_step_seconds") or 0.0) if after_first_step else 0.0
     for loss, seconds in zip(run["losses"], run["epoch_seconds"]):
         if loss <= target:
-            return seconds
+            return seconds - offset
     return None
 
 
 def ratios_to_sync(done: list, sync: list, targets: dict) -> dict:
     """Per repeat: this run's seconds to each target over the same repeat's sync run's (the runs
-    of a repeat are taken back to back, so they share the machine's state)."""
+    of a repeat are taken back to back, so they share the machine's state), both counted from
+    the first step's end."""
     by_repeat = {r["repeat"]: r for r in sync}
     out = {}
     for f, t in targets.items():
         values = []
         for run in done:
-            mine, theirs = seconds_to(run, t), seconds_to(by_repeat.get(run["repeat"], {"losses": [], "epoch_seconds": []}), t)
+            other = by_repeat.get(run["repeat"], {"losses": [], "epoch_seconds": []})
+            mine, theirs = seconds_to(run, t, True), seconds_to(other, t, True)
             values.append(None if mine is None or not theirs else round(mine / theirs, 3))
         out[str(f)] = values
     return out
@@ -219,16 +228,19 @@ def write(runs: dict, measured: float) -> None:
              f"{result['measured_mbit_s']} Mbit/s), ResNet-50-on-V100 calibration (benchmarks/bed_calibration.py), "
              f"{FLAGS.epochs} epochs, median of {FLAGS.repeats} runs; async on loopback through the launcher "
              "(unshaped). Loss targets: sync's 1/4, 1/2, 3/4 drop from ln 10 to its final loss, at epoch ends.", "",
-             "Ratio to sync: a run's seconds to each target over the same repeat's sync run's (- : not reached).", "",
-             "| straggler | mode | samples/s | runs | s to 1/4, 1/2, 3/4 | ratio to sync per run (1/4; 1/2; 3/4) | test accuracy (runs) |",
+             "Ratio to sync: a run's seconds to each target over the same repeat's sync run's, both counted from "
+             "the first step's end (tracing and start-up left out; - : not reached). Steady samples/s: after the "
+             "first epoch.", "",
+             "| straggler | mode | samples/s | steady samples/s (runs) | s to 1/4, 1/2, 3/4 | ratio to sync per run (1/4; 1/2; 3/4) | test accuracy (runs) |",
              "|---|---|---:|---|---|---|---|"]
     for r in rows:
         times = ", ".join("-" if v is None else f"{v:.1f}" for v in r["seconds_to_sync_loss_drop"].values())
         ratios = "; ".join(", ".join("-" if v is None else f"{v:.2f}" for v in runs)
                            for runs in r["ratio_to_sync_runs"].values()) if r["mode"] != "sync" else ""
         accuracy = ", ".join(f"{v:.3f}" for v in r["test_accuracy_runs"])
+        steady = ", ".join("-" if v is None else f"{v:.0f}" for v in r["steady_samples_per_s_runs"])
         lines.append(f"| {r['straggler']} | {r['mode']} | {r['samples_per_s']:.0f} | "
-                     f"{', '.join(f'{v:.0f}' for v in r['samples_per_s_runs'])} | {times} | {ratios} | "
+                     f"{r['steady_samples_per_s'] or 0:.0f} ({steady}) | {times} | {ratios} | "
                      f"{r['test_accuracy']:.3f} ({accuracy}) |")
     replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), name, "\n".join(lines) + "\n")
 

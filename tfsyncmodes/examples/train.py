@@ -206,7 +206,15 @@ def train(argv):
             logits = np.asarray(model(x_test, training=False))
             curve.append((round(seconds, 3), float(np.mean(np.argmax(logits, axis=1) == y_test))))
 
+    first_step = []  # seconds from the start to the first step's end (tracing and start-up), on the chief
+
+    class FirstStep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if not first_step:
+                first_step.append(round(time.perf_counter() - started, 3))
+
     extra = [EpochAccuracy()] if FLAGS.eval_each_epoch and strategy.is_chief else []
+    extra += [FirstStep()] if strategy.is_chief else []
     history = strategy.fit(model, dataset_fn, epochs=FLAGS.epochs, steps_per_epoch=steps_per_epoch,
                            callbacks=callbacks + extra)
     seconds = time.perf_counter() - started
@@ -228,6 +236,8 @@ def train(argv):
             "params": int(model.count_params()), "batch_size": FLAGS.batch_size,
             "steps_per_epoch": steps_per_epoch, "fit_started_unix": started_unix,
         }
+        if first_step:
+            metrics["first_step_seconds"] = first_step[0]
         if curve:
             metrics["epoch_seconds"], metrics["epoch_accuracy"] = [c[0] for c in curve], [c[1] for c in curve]
         if strategy.config.mode_schedule:  # the mode each epoch ended in (sync 0, hybrid 2)
