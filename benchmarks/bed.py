@@ -46,7 +46,7 @@ flags.DEFINE_float("pareto_alpha", 2.0, "ALPHA of the heavy condition's Pareto p
 flags.DEFINE_float("timeout", 900.0, "Seconds one run may take.")
 flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 FLAGS = flags.FLAGS
-TRAIN_SAMPLES = 1437  # the trainer's 4/5 of scikit-learn's 1797 digits
+TRAIN_SAMPLES = cal.TRAIN_SAMPLES
 
 
 def bad(field: str, problem: str, fix: str) -> None:
