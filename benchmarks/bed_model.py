@@ -13,7 +13,9 @@ local steps at the trainer's defaults (the bed passes neither), one ps. Conditio
 rank 1 four times slower; heavy = Pareto(``pareto_alpha``) per-step factors of mean 1;
 transient = four times slower in the middle third of its steps, priced as the time-weighted mix
 of the persistent and the undisturbed job (exact for sync, whose ranks step together; an
-approximation for hybrid and async). ``--compute=real`` files (no wait) enter the fit only.
+approximation for hybrid and async). ``--compute=real`` files (no wait) enter the fit only; rows
+of modes the model does not price (the switch policy) are listed without a prediction. Measured
+is the steady rate (after the first epoch) where the bed recorded it, else the whole run's.
 
 The fit: α (the latency of one ring hop) and the per-step overhead come from the **sync rows
 only**, by least squares (NumPy) on
@@ -87,9 +89,15 @@ def load(path: str) -> dict:
     if len(set(hosts)) != 1 or sum(hosts) != bed["ranks"]:
         raise BadInput(f"{path}: hosts {hosts} are not equal groups of {bed['ranks']} ranks")
     for row in bed["rows"]:
-        if row.get("mode") not in costs.MODES or row.get("straggler") not in cal.STRAGGLERS:
+        if not isinstance(row.get("mode"), str) or row.get("straggler") not in cal.STRAGGLERS:
             raise BadInput(f"{path}: row {row.get('straggler')!r}/{row.get('mode')!r} is not a condition/mode of the bed")
     return bed
+
+
+def measured(row: dict) -> Optional[float]:
+    """The row's steady rate (after the first epoch: tracing and start-up excluded, what the model
+    prices) where the bed recorded it, else its whole-run rate."""
+    return row.get("steady_samples_per_s") or row.get("samples_per_s")
 
 
 def emulated(bed: dict) -> bool:
@@ -132,12 +140,12 @@ def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: fl
 
 def sync_point(bed: dict, row: dict, settings: Settings = DEFAULT) -> Optional[tuple]:
     """(2 (N-1), measured step - E[max wait] - bytes term) of a sync row; None if it cannot be fitted."""
-    if row["mode"] != "sync" or not row.get("samples_per_s"):
+    if row["mode"] != "sync" or not measured(row):
         return None
     if not emulated(bed) and row["straggler"] != "none":
         return None  # a real-compute straggler slows the step by its own mechanism
     ranks = bed["ranks"]
-    step = settings.batch_size / row["samples_per_s"]
+    step = settings.batch_size / measured(row)
 
     def wait(condition):
         if not emulated(bed):
@@ -181,9 +189,10 @@ def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> Li
     for bed in beds:
         for row in bed["rows"]:
             out = {"ranks": bed["ranks"], "link": bed["link"], "compute": bed.get("compute", "emulated"),
-                   "straggler": row["straggler"], "mode": row["mode"], "measured": row.get("samples_per_s"),
+                   "straggler": row["straggler"], "mode": row["mode"], "measured": measured(row),
+                   "measured_as": "steady" if row.get("steady_samples_per_s") else "whole run",
                    "predicted": None, "error": None, "within": None}
-            if emulated(bed):
+            if emulated(bed) and row["mode"] in costs.MODES:  # not the switch policy: no model of it
                 out["predicted"] = predict(bed, row["mode"], row["straggler"], constants["alpha_s"],
                                            constants["overhead_s"], settings)
             if out["predicted"] is not None and out["measured"]:
@@ -201,14 +210,16 @@ def render(rows: List[dict], constants: dict, tolerance: float, paths: List[str]
     lines = ["## The cost model against the bed", "",
              f"`python -m benchmarks.bed_model {' '.join(os.path.basename(p) for p in paths)}` — "
              f"costs.Job of each row as the bed ran it (benchmarks/bed_model.py); {fitted}. Fitted on the "
-             "sync rows only; async and hybrid rows are validation. Async ran on loopback, unshaped.", "",
+             "sync rows only; async and hybrid rows are validation. Async ran on loopback, unshaped. Measured: "
+             "the steady rate (after the first epoch) where the bed recorded it, else the whole run's (*).", "",
              f"Within {tolerance:.0%}: {sum(r['within'] for r in hits)} of {len(hits)} rows.", "",
              "| ranks | link | straggler | mode | predicted samples/s | measured | error | within |",
              "|---:|---|---|---|---:|---:|---:|---|"]
     for r in rows:
         cell = (lambda v, f: "-" if v is None else format(v, f))
         lines.append(f"| {r['ranks']} | {r['link']}{'' if r['compute'] == 'emulated' else ' (real)'} | {r['straggler']} | "
-                     f"{r['mode']} | {cell(r['predicted'], '.0f')} | {cell(r['measured'], '.0f')} | "
+                     f"{r['mode']} | {cell(r['predicted'], '.0f')} | "
+                     f"{cell(r['measured'], '.0f')}{'' if r['measured_as'] == 'steady' else ' *'} | "
                      f"{cell(None if r['error'] is None else 100 * r['error'], '+.1f')}{'' if r['error'] is None else ' %'} | "
                      f"{'-' if r['within'] is None else ('yes' if r['within'] else 'no')} |")
     return "\n".join(lines) + "\n"

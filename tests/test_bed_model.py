@@ -104,18 +104,22 @@ def test_the_command_fits_sync_rows_of_three_beds_and_writes_the_table(tmp_path)
     paths = []
     for ranks, hosts in ((2, (1, 1)), (4, (2, 2)), (8, (2, 2, 2, 2))):
         rows = [("none", "sync", sync_rate(ranks, WAIT)), ("persistent", "sync", sync_rate(ranks, 4 * WAIT)),
-                ("none", "hybrid", 300.0)]
+                ("none", "hybrid", 300.0), ("none", "policy", 250.0)]
+        written = bed(ranks, hosts, rows)
+        for row in written["rows"][:2]:  # the steady rate (after the first epoch) is what the model prices
+            row["steady_samples_per_s"], row["samples_per_s"] = row["samples_per_s"], row["samples_per_s"] / 2
         paths.append(tmp_path / f"bed_{ranks}r_1gbit.json")
-        paths[-1].write_text(json.dumps(bed(ranks, hosts, rows)))
+        paths[-1].write_text(json.dumps(written))
     result = subprocess.run([PYTHON, "-m", "benchmarks.bed_model", *map(str, paths)], capture_output=True, text=True,
                             timeout=180, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stderr
     out = json.loads((tmp_path / "bed_model.json").read_text())
     assert out["fit"]["alpha_s"] == pytest.approx(ALPHA, rel=1e-6)
     assert out["fit"]["overhead_s"] == pytest.approx(OVERHEAD, rel=1e-6)
-    assert len(out["rows"]) == 9 and [r["within"] for r in out["rows"] if r["mode"] == "sync"] == [True] * 6
+    assert len(out["rows"]) == 12 and [r["within"] for r in out["rows"] if r["mode"] == "sync"] == [True] * 6
+    assert [r["predicted"] for r in out["rows"] if r["mode"] == "policy"] == [None] * 3  # not priced, still listed
     assert all(abs(r["error"]) < 1e-6 for r in out["rows"] if r["mode"] == "sync")
-    assert "| 8 | 1gbit | none | hybrid |" in result.stdout
+    assert "| 8 | 1gbit | none | hybrid |" in result.stdout and "| 300 * |" in result.stdout
     assert "<!-- bench:bed_model:begin -->" in (tmp_path / "BENCHMARKS.md").read_text()
 
 
