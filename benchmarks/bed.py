@@ -48,7 +48,7 @@ flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
 FLAGS = flags.FLAGS
 MODES = ("sync", "hybrid", "async", "policy")  # policy: sync with --sync_switch_policy=straggler
-TRAIN_SAMPLES = 1437  # the trainer's 4/5 of scikit-learn's 1797 digits
+TRAIN_SAMPLES = cal.TRAIN_SAMPLES
 
 
 def bad(field: str, problem: str, fix: str) -> None:

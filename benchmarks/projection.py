@@ -10,7 +10,8 @@ link) and the ``projection`` section of docs/BENCHMARKS.md: for each condition a
 predicted samples per second of sync, async and hybrid, which mode is highest and by how much.
 The model predicts throughput, not samples to an accuracy: hybrid and async usually need more
 samples than sync for the same accuracy (the ``auto`` mode asks hybrid for 1.25x sync's rate
-before it picks it). How close the model comes to measured runs is in the ``bed`` section.
+before it picks it). How close the model comes to measured runs: the ``bed_model`` section
+(benchmarks/bed_model.py).
 """
 from __future__ import annotations
 

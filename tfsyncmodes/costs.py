@@ -3,10 +3,13 @@ of the exchange, so that a job can be sized without a cluster (``python -m tfsyn
 
 What a step costs, for ``ranks`` ranks of which ``ranks_per_host`` share a host:
 
-- **Compute**: rank r's step takes ``step_ms * slow_r * X`` where ``slow_r`` is a persistent
-  factor (``straggler``: one rank ``factor`` times slower) and X a per-step delay with mean 1:
-  1 (no tail), or lognormal with shape ``tail_sigma`` (a heavy tail: most steps near the
-  median, a few much longer). Expectations over X are taken by Monte Carlo with a fixed seed.
+- **Compute**: rank r's step takes ``step_ms * slow_r * X + overhead_ms`` where ``slow_r`` is a
+  persistent factor (``straggler``: one rank ``factor`` times slower), X a per-step delay with
+  mean 1: 1 (no tail), lognormal with shape ``tail_sigma`` (a heavy tail: most steps near the
+  median, a few much longer), or Pareto with shape ``pareto_alpha`` > 1 and scale
+  ``(alpha - 1) / alpha`` (heavier: infinite variance at alpha <= 2), and ``overhead_ms`` a
+  fixed per-step cost that neither scales (the framework's own work around the compute).
+  Expectations over X are taken by Monte Carlo with a fixed seed.
 - **Collectives** (α–β, Hockney's model): a ring allreduce of B bytes over n members moves
   ``2 (n-1)/n * B`` bytes through each member's link and pays ``2 (n-1)`` latencies α. A ring
   that crosses hosts runs at the slower of the two links.
@@ -50,12 +53,17 @@ class Job:
     batch: int = 64                 # samples per rank and step
     straggler: float = 1.0          # rank 0 is this many times slower (1: none)
     tail_sigma: float = 0.0         # lognormal shape of per-step delays (0: none)
+    pareto_alpha: float = 0.0       # Pareto shape of per-step delays, mean 1 (0: none; else > 1)
+    overhead_ms: float = 0.0        # per-step time that no straggler or tail scales
     period: int = 8                 # hybrid: inner steps per round
     local_steps: str = "auto"       # hybrid: fixed | auto
     ps: int = 1                     # async: parameter servers
 
     def __post_init__(self):
         checks = [(self.ranks >= 1, "ranks", ">= 1"), (self.step_ms > 0, "step_ms", "> 0"),
+                  (self.pareto_alpha == 0 or self.pareto_alpha > 1, "pareto_alpha", "0 (none) or > 1"),
+                  (self.pareto_alpha == 0 or self.tail_sigma == 0, "pareto_alpha", "0 with a tail_sigma"),
+                  (self.overhead_ms >= 0, "overhead_ms", ">= 0"),
                   (self.grad_mb > 0, "grad_mb", "> 0"), (self.link_gbit > 0, "link_gbit", "> 0"),
                   (self.host_gbit > 0, "host_gbit", "> 0"), (self.latency_us >= 0, "latency_us", ">= 0"),
                   (self.ranks_per_host >= 1 and self.ranks % self.ranks_per_host == 0, "ranks_per_host",
@@ -84,16 +92,21 @@ def allreduce_seconds(members: int, size: float, gbit: float, latency_s: float) 
 
 
 def compute_seconds(job: Job, steps: int = SAMPLES, seed: int = SEED) -> np.ndarray:
-    """(steps, ranks) compute times: the median step, rank 0's persistent factor, and a
-    lognormal per-step delay of mean 1."""
+    """(steps, ranks) compute times: the median step, rank 0's persistent factor, a per-step
+    delay of mean 1 (lognormal or Pareto), plus the fixed overhead."""
     rng = np.random.default_rng(seed)
     base = np.full(job.ranks, job.step_ms / 1e3)
     base[0] *= job.straggler
-    if job.tail_sigma == 0:
-        return np.tile(base, (steps, 1))
-    sigma = job.tail_sigma
-    delay = rng.lognormal(-sigma * sigma / 2, sigma, size=(steps, job.ranks))  # mean 1
-    return base * delay
+    overhead = job.overhead_ms / 1e3
+    if job.tail_sigma > 0:
+        sigma = job.tail_sigma
+        delay = rng.lognormal(-sigma * sigma / 2, sigma, size=(steps, job.ranks))  # mean 1
+    elif job.pareto_alpha > 0:
+        alpha = job.pareto_alpha  # inverse transform of U in [0, 1); x_m = (alpha - 1) / alpha: mean 1
+        delay = (alpha - 1) / alpha * (1.0 - rng.random(size=(steps, job.ranks))) ** (-1.0 / alpha)
+    else:
+        return np.tile(base + overhead, (steps, 1))
+    return base * delay + overhead
 
 
 def _cross_host_gbit(job: Job) -> float:

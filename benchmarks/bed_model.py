@@ -1,0 +1,254 @@
+"""The cost model (:mod:`tfsyncmodes.costs`) against the emulated cluster bed (:mod:`benchmarks.bed`):
+predicted and measured samples per second for every ranks x link x straggler x mode of the bed's
+JSON files, the relative error, and whether it is within the tolerance (15 %). Misses are kept.
+
+    python -m benchmarks.bed_model docs/bed_*.json [--tolerance=0.15] [--fixed_alpha_us=50]
+
+The job of a row is the bed as it ran (``costs.Job``): its ranks, ranks per host = the bed's
+hosts layout (hybrid's groups), one rank's compute = the emulated wait (``emulated_step_ms``,
+which the trainer scales by the straggler's factor and the Pareto tail) plus a fitted per-step
+overhead (which neither scales), gradients of ``emulated_parameters() * 4`` bytes, the link at
+its measured rate (async: loopback, ``--loopback_gbit``, as the bed runs it), hybrid's period and
+local steps at the trainer's defaults (the bed passes neither), one ps. Conditions: persistent =
+rank 1 four times slower; heavy = Pareto(``pareto_alpha``) per-step factors of mean 1;
+transient = four times slower in the middle third of its steps, priced as the time-weighted mix
+of the persistent and the undisturbed job (exact for sync, whose ranks step together; an
+approximation for hybrid and async). ``--compute=real`` files (no wait) enter the fit only; rows
+of modes the model does not price (the switch policy) are listed without a prediction. Measured
+is the steady rate (after the first epoch) where the bed recorded it, else the whole run's.
+
+The fit: α (the latency of one ring hop) and the per-step overhead come from the **sync rows
+only**, by least squares (NumPy) on
+
+    measured step - E[max over ranks of the wait] - 2 (N-1)/N * B / β = overhead + 2 (N-1) * α
+
+with β the measured link rate; async and hybrid rows are validation only. α and the overhead
+separate only with sync rows at two or more N: with fewer the fit says so and fixes α at
+``--fixed_alpha_us``, fitting the overhead alone. Both are kept at or above 0.
+
+Writes ``bed_model.json`` next to the first input and the ``bed_model`` section of
+BENCHMARKS.md there.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import sys
+from typing import Dict, List, Optional
+
+import numpy as np
+from absl import app, flags
+
+from benchmarks import bed_calibration as cal
+from benchmarks.benchlib import replace_section
+from tfsyncmodes import costs, knobs
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The flags, for callers that do not parse them."""
+
+    tolerance: float = 0.15
+    fixed_alpha_us: float = 50.0
+    loopback_gbit: float = 10.0
+    batch_size: int = 64
+
+
+DEFAULT = Settings()
+flags.DEFINE_float("tolerance", DEFAULT.tolerance, "Relative error that counts as a hit.")
+flags.DEFINE_float("fixed_alpha_us", DEFAULT.fixed_alpha_us, "α (microseconds) when the sync rows do not "
+                   "span two N (the cost model's default latency).")
+flags.DEFINE_float("loopback_gbit", DEFAULT.loopback_gbit, "The unshaped link inside a host and async's loopback, Gbit/s.")
+flags.DEFINE_integer("batch_size", DEFAULT.batch_size, "The bed's --batch_size (the global batch of a sync step).")
+FLAGS = flags.FLAGS
+NAME = "benchmarks.bed_model"
+
+
+class BadInput(Exception):
+    """Input the model cannot price: one line for the user."""
+
+
+def load(path: str) -> dict:
+    """A bed JSON, checked for what the model reads."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            bed = json.load(handle)
+    except OSError as error:
+        raise BadInput(f"{path}: cannot be read ({error.strerror}); give a bed JSON such as docs/bed_4r_1gbit.json")
+    except ValueError as error:
+        raise BadInput(f"{path}: is not JSON ({error}); give a bed JSON written by benchmarks.bed")
+    if not isinstance(bed, dict) or not isinstance(bed.get("rows"), list) or not bed["rows"]:
+        raise BadInput(f"{path}: has no rows; give a bed JSON written by benchmarks.bed")
+    for key in ("ranks", "hosts", "link", "measured_mbit_s", "emulated_step_ms", "epochs"):
+        if key not in bed:
+            raise BadInput(f"{path}: has no {key!r}; give a bed JSON written by benchmarks.bed")
+    hosts = bed["hosts"]
+    if len(set(hosts)) != 1 or sum(hosts) != bed["ranks"]:
+        raise BadInput(f"{path}: hosts {hosts} are not equal groups of {bed['ranks']} ranks")
+    for row in bed["rows"]:
+        if not isinstance(row.get("mode"), str) or row.get("straggler") not in cal.STRAGGLERS:
+            raise BadInput(f"{path}: row {row.get('straggler')!r}/{row.get('mode')!r} is not a condition/mode of the bed")
+    return bed
+
+
+def measured(row: dict) -> Optional[float]:
+    """The row's steady rate (after the first epoch: tracing and start-up excluded, what the model
+    prices) where the bed recorded it, else its whole-run rate."""
+    return row.get("steady_samples_per_s") or row.get("samples_per_s")
+
+
+def emulated(bed: dict) -> bool:
+    return bed.get("compute", "emulated") == "emulated"
+
+
+def transient_fraction(bed: dict, settings: Settings = DEFAULT) -> float:
+    """The share of its steps the transient straggler is slow (from the bed's own flags)."""
+    steps = cal.TRAIN_SAMPLES // settings.batch_size * bed["epochs"]
+    flag = cal.straggler_flags("transient", steps, 2.0)[0]
+    first, end = (int(v) for v in re.fullmatch(r"--compute_slow_worker=\d+:[\d.]+:(\d+):(\d+)", flag).groups())
+    return (end - first) / steps
+
+
+def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
+        settings: Settings = DEFAULT) -> costs.Job:
+    """The costs.Job of `mode` under `condition` (transient: its slow phase) as the bed ran it."""
+    ranks = bed["ranks"]
+    hybrid = knobs.KNOBS_BY_KEY
+    link = settings.loopback_gbit if mode == "async" else bed["measured_mbit_s"] / 1e3
+    return costs.Job(ranks=ranks, ranks_per_host=bed["hosts"][0], step_ms=bed["emulated_step_ms"],
+                     overhead_ms=overhead_s * 1e3, grad_mb=cal.emulated_parameters() * 4 / 1e6, link_gbit=link,
+                     host_gbit=settings.loopback_gbit, latency_us=alpha_s * 1e6, batch=settings.batch_size // ranks,
+                     straggler=cal.SLOW_FACTOR if condition in ("persistent", "transient") else 1.0,
+                     pareto_alpha=bed.get("pareto_alpha", 2.0) if condition == "heavy" else 0.0,
+                     period=hybrid["period"].default_for("hybrid"),
+                     local_steps=hybrid["local_steps"].default_for("hybrid"), ps=1)
+
+
+def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
+            settings: Settings = DEFAULT) -> float:
+    """Predicted samples/s of one row."""
+    rate = costs.predict(job(bed, mode, condition, alpha_s, overhead_s, settings))[mode]
+    if condition != "transient":
+        return rate
+    fast = costs.predict(job(bed, mode, "none", alpha_s, overhead_s, settings))[mode]
+    share = transient_fraction(bed, settings)
+    return 1.0 / (share / rate + (1 - share) / fast)
+
+
+def sync_point(bed: dict, row: dict, settings: Settings = DEFAULT) -> Optional[tuple]:
+    """(2 (N-1), measured step - E[max wait] - bytes term) of a sync row; None if it cannot be fitted."""
+    if row["mode"] != "sync" or not measured(row):
+        return None
+    if not emulated(bed) and row["straggler"] != "none":
+        return None  # a real-compute straggler slows the step by its own mechanism
+    ranks = bed["ranks"]
+    step = settings.batch_size / measured(row)
+
+    def wait(condition):
+        if not emulated(bed):
+            return 0.0
+        return float(costs.compute_seconds(job(bed, "sync", condition, 0.0, 0.0, settings)).max(axis=1).mean())
+
+    waits = wait(row["straggler"])
+    if row["straggler"] == "transient":
+        share = transient_fraction(bed, settings)
+        waits = share * waits + (1 - share) * wait("none")
+    link = min(bed["measured_mbit_s"] / 1e3, settings.loopback_gbit)
+    data = costs.allreduce_seconds(ranks, cal.emulated_parameters() * 4, link, 0.0)
+    return 2 * (ranks - 1), step - waits - data
+
+
+def fit(hops, y, fixed_alpha_s: float) -> Dict[str, object]:
+    """α and the overhead (seconds) from y = overhead + hops * α, least squares, both >= 0."""
+    hops, y = np.asarray(hops, float), np.asarray(y, float)
+    if len(y) == 0:
+        return {"alpha_s": fixed_alpha_s, "overhead_s": 0.0, "points": 0, "rms_s": None,
+                "note": "no sync rows: α fixed, overhead fixed at 0"}
+    if len(set(hops.tolist())) >= 2:
+        (overhead, alpha), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(hops), hops]), y, rcond=None)
+        note = f"α and overhead fitted on {len(y)} sync rows at {len(set(hops.tolist()))} ranks counts"
+        if alpha < 0:
+            alpha, overhead, note = 0.0, float(y.mean()), note + "; α < 0 fitted, held at 0"
+        if overhead < 0:
+            alpha, overhead, note = float(hops @ y / (hops @ hops)), 0.0, note + "; overhead < 0 fitted, held at 0"
+    else:
+        alpha = fixed_alpha_s
+        overhead = max(0.0, float((y - hops * alpha).mean()))
+        note = (f"too few points to fit α: the {len(y)} sync rows are all at one N; α fixed at "
+                f"{fixed_alpha_s * 1e6:g} us, overhead fitted")
+    residual = y - overhead - hops * alpha
+    return {"alpha_s": float(alpha), "overhead_s": float(overhead), "points": int(len(y)),
+            "rms_s": float(np.sqrt(np.mean(residual ** 2))), "note": note}
+
+
+def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> List[dict]:
+    rows = []
+    for bed in beds:
+        for row in bed["rows"]:
+            out = {"ranks": bed["ranks"], "link": bed["link"], "compute": bed.get("compute", "emulated"),
+                   "straggler": row["straggler"], "mode": row["mode"], "measured": measured(row),
+                   "measured_as": "steady" if row.get("steady_samples_per_s") else "whole run",
+                   "predicted": None, "error": None, "within": None}
+            if emulated(bed) and row["mode"] in costs.MODES:  # not the switch policy: no model of it
+                out["predicted"] = predict(bed, row["mode"], row["straggler"], constants["alpha_s"],
+                                           constants["overhead_s"], settings)
+            if out["predicted"] is not None and out["measured"]:
+                out["error"] = out["predicted"] / out["measured"] - 1
+                out["within"] = bool(abs(out["error"]) <= settings.tolerance)
+            rows.append(out)
+    return rows
+
+
+def render(rows: List[dict], constants: dict, tolerance: float, paths: List[str]) -> str:
+    fitted = (f"α = {constants['alpha_s'] * 1e6:.1f} us per ring hop, per-step overhead = "
+              f"{constants['overhead_s'] * 1e3:.1f} ms ({constants['note']}"
+              + (f"; rms residual {constants['rms_s'] * 1e3:.1f} ms" if constants["rms_s"] is not None else "") + ")")
+    hits = [r for r in rows if r["within"] is not None]
+    lines = ["## The cost model against the bed", "",
+             f"`python -m benchmarks.bed_model {' '.join(os.path.basename(p) for p in paths)}` — "
+             f"costs.Job of each row as the bed ran it (benchmarks/bed_model.py); {fitted}. Fitted on the "
+             "sync rows only; async and hybrid rows are validation. Async ran on loopback, unshaped. Measured: "
+             "the steady rate (after the first epoch) where the bed recorded it, else the whole run's (*).", "",
+             f"Within {tolerance:.0%}: {sum(r['within'] for r in hits)} of {len(hits)} rows.", "",
+             "| ranks | link | straggler | mode | predicted samples/s | measured | error | within |",
+             "|---:|---|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        cell = (lambda v, f: "-" if v is None else format(v, f))
+        lines.append(f"| {r['ranks']} | {r['link']}{'' if r['compute'] == 'emulated' else ' (real)'} | {r['straggler']} | "
+                     f"{r['mode']} | {cell(r['predicted'], '.0f')} | "
+                     f"{cell(r['measured'], '.0f')}{'' if r['measured_as'] == 'steady' else ' *'} | "
+                     f"{cell(None if r['error'] is None else 100 * r['error'], '+.1f')}{'' if r['error'] is None else ' %'} | "
+                     f"{'-' if r['within'] is None else ('yes' if r['within'] else 'no')} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(paths: List[str], settings: Settings = DEFAULT) -> str:
+    if not paths:
+        raise BadInput("no bed JSON given; e.g. python -m benchmarks.bed_model docs/bed_4r_1gbit.json")
+    beds = [load(p) for p in paths]
+    points = [p for bed in beds for p in map(lambda r, b=bed: sync_point(b, r, settings), bed["rows"]) if p is not None]
+    constants = fit([p[0] for p in points], [p[1] for p in points], settings.fixed_alpha_us / 1e6)
+    rows = table(beds, constants, settings)
+    text = render(rows, constants, settings.tolerance, paths)
+    folder = os.path.dirname(os.path.abspath(paths[0]))
+    with open(os.path.join(folder, "bed_model.json"), "w", encoding="utf-8") as handle:
+        json.dump({"inputs": [os.path.basename(p) for p in paths], "tolerance": settings.tolerance,
+                   "fit": dict(constants, fitted_on="sync rows only"), "rows": rows}, handle, indent=1)
+    replace_section(os.path.join(folder, "BENCHMARKS.md"), "bed_model", text)
+    return text
+
+
+def main(argv):
+    try:
+        settings = Settings(FLAGS.tolerance, FLAGS.fixed_alpha_us, FLAGS.loopback_gbit, FLAGS.batch_size)
+        print(run(argv[1:], settings), end="")
+    except BadInput as error:
+        sys.stderr.write(f"{NAME}: error: {error}\n")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main)

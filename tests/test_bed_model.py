@@ -1,0 +1,136 @@
+"""benchmarks.bed_model: the cost model's job of a bed row against formulas written here from the
+documented rules (the barrier, the α–β ring, hybrid's rounds, the transient mix), the Pareto
+tail against its closed-form expected maximum and NumPy's own sampler, the α/overhead fit on
+synthetic points, and the command's bad input."""
+import dataclasses
+import json
+import math
+import subprocess
+
+import numpy as np
+import pytest
+
+from benchmarks import bed_model
+from tests.conftest import PYTHON, REPO, clean_env
+from tfsyncmodes import costs
+
+B = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10  # the bed's MLP: 85,002 parameters...
+B *= 4                                                # ...of float32 gradients
+ALPHA, OVERHEAD, MBIT, LOOP = 100e-6, 0.010, 20.0, 10e9
+WAIT, BATCH = 0.050, 16  # every rank's emulated wait; samples per rank (global batch 64 over 4)
+
+
+def bed(ranks=4, hosts=(2, 2), rows=(("none", "sync", 100.0),), compute="emulated"):
+    return {"ranks": ranks, "hosts": list(hosts), "link": "1gbit", "compute": compute, "measured_mbit_s": MBIT,
+            "emulated_step_ms": 50.0, "epochs": 3, "pareto_alpha": 2.0,
+            "rows": [{"straggler": s, "mode": m, "samples_per_s": v} for s, m, v in rows]}
+
+
+def ring(n, bits_per_s):
+    return 0.0 if n == 1 else 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * B * 8 / bits_per_s
+
+
+def sync_rate(n, slowest):  # the bed's global batch is 64 at every N: 64 / N samples a rank
+    return 64 / (slowest + OVERHEAD + ring(n, MBIT * 1e6))
+
+
+def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
+    small = bed()
+    job = bed_model.job(small, "sync", "persistent", ALPHA, OVERHEAD)
+    assert (job.ranks, job.ranks_per_host, job.batch, job.grad_bytes) == (4, 2, BATCH, B)
+    assert (job.link_gbit, job.straggler, job.overhead_ms, job.period, job.local_steps) == (0.02, 4, 10.0, 8, "auto")
+    # sync: E[max over ranks of compute] + 2 (N-1) α + 2 (N-1)/N B/β
+    assert bed_model.predict(small, "sync", "none", ALPHA, OVERHEAD) == pytest.approx(sync_rate(4, WAIT), rel=1e-12)
+    assert bed_model.predict(small, "sync", "persistent", ALPHA, OVERHEAD) == pytest.approx(sync_rate(4, 4 * WAIT), rel=1e-12)
+    # transient: slow in steps [22, 44) of 1437 // 64 * 3 = 66: the time-weighted mix
+    share = (44 - 22) / 66
+    want = 1 / (share / sync_rate(4, 4 * WAIT) + (1 - share) / sync_rate(4, WAIT))
+    assert bed_model.predict(small, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
+    heavy = bed_model.job(small, "sync", "heavy", ALPHA, OVERHEAD)
+    assert (heavy.pareto_alpha, heavy.straggler, heavy.tail_sigma) == (2.0, 1.0, 0.0)
+    # async: on loopback, each worker its own pace, one ps
+    per_update = 2 * B * 8 / LOOP + 2 * ALPHA
+    want = min(4 / (WAIT + OVERHEAD + per_update), LOOP / (2 * B * 8)) * BATCH
+    assert bed_model.predict(small, "async", "none", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
+
+
+def test_hybrid_fixed_and_auto_with_a_persistent_straggler_are_the_round_formulas():
+    small = bed()
+    inner, cross = ring(2, LOOP), ring(2, MBIT * 1e6)  # 2 ranks a host on loopback; 2 hosts on the link
+    fast, slow = WAIT + OVERHEAD + inner, 4 * WAIT + OVERHEAD + inner
+    job = bed_model.job(small, "hybrid", "persistent", ALPHA, OVERHEAD)
+    fixed = costs.predict(dataclasses.replace(job, local_steps="fixed"))["hybrid"]
+    assert fixed == pytest.approx(8 * 4 * BATCH / (8 * slow + cross), rel=1e-12)
+    steps = max(1, round(8 * fast / slow))  # the slow group's steps a round
+    want = (8 + steps) * 2 * BATCH / (max(8 * fast, steps * slow) + cross)
+    assert bed_model.predict(small, "hybrid", "persistent", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
+    none = bed_model.predict(small, "hybrid", "none", ALPHA, OVERHEAD)
+    assert none == pytest.approx(8 * 4 * BATCH / (8 * fast + cross), rel=1e-12)
+
+
+def test_a_pareto_tail_has_mean_one_and_the_closed_form_expected_maximum():
+    alpha, n = 3.0, 16
+    job = costs.Job(ranks=n, step_ms=WAIT * 1e3, overhead_ms=OVERHEAD * 1e3, grad_mb=1.0, link_gbit=1.0,
+                    pareto_alpha=alpha, latency_us=0.0, batch=BATCH)
+    times = costs.compute_seconds(job)
+    scale = (alpha - 1) / alpha
+    want_max = scale * n * math.gamma(n) * math.gamma(1 - 1 / alpha) / math.gamma(n + 1 - 1 / alpha)
+    assert times.min() >= WAIT * scale + OVERHEAD - 1e-15
+    assert (times.mean() - OVERHEAD) / WAIT == pytest.approx(1.0, rel=0.01)
+    assert (times.max(axis=1).mean() - OVERHEAD) / WAIT == pytest.approx(want_max, rel=0.03)
+    numpy_draws = (np.random.default_rng(7).pareto(alpha, size=(200_000, n)) + 1) * scale  # NumPy's Lomax + 1
+    assert numpy_draws.max(axis=1).mean() == pytest.approx(want_max, rel=0.01)
+    sync = costs.predict(job)["sync"]
+    assert sync == pytest.approx(n * BATCH / (WAIT * want_max + OVERHEAD + ring_free(n)), rel=0.03)
+    with pytest.raises(ValueError, match="pareto_alpha=1.0: use 0 \\(none\\) or > 1"):
+        costs.Job(ranks=2, step_ms=1, grad_mb=1, link_gbit=1, pareto_alpha=1.0)
+
+
+def ring_free(n):  # the α-free ring of 1 MB on 1 Gbit/s
+    return 2 * (n - 1) / n * 1e6 * 8 / 1e9
+
+
+def test_the_fit_recovers_alpha_and_overhead_and_says_when_it_cannot():
+    hops = np.array([2, 6, 14, 6, 2])
+    got = bed_model.fit(hops, 0.0123 + hops * 37e-6, fixed_alpha_s=50e-6)
+    assert got["alpha_s"] == pytest.approx(37e-6, rel=1e-6) and got["overhead_s"] == pytest.approx(0.0123, rel=1e-6)
+    one = bed_model.fit([6, 6], [0.0123 + 6 * 37e-6] * 2, fixed_alpha_s=50e-6)
+    assert one["alpha_s"] == 50e-6 and one["overhead_s"] == pytest.approx(0.0123 + 6 * 37e-6 - 6 * 50e-6, rel=1e-9)
+    assert one["note"].startswith("too few points to fit α")
+
+
+@pytest.mark.timeout(200)
+def test_the_command_fits_sync_rows_of_three_beds_and_writes_the_table(tmp_path):
+    paths = []
+    for ranks, hosts in ((2, (1, 1)), (4, (2, 2)), (8, (2, 2, 2, 2))):
+        rows = [("none", "sync", sync_rate(ranks, WAIT)), ("persistent", "sync", sync_rate(ranks, 4 * WAIT)),
+                ("none", "hybrid", 300.0), ("none", "policy", 250.0)]
+        written = bed(ranks, hosts, rows)
+        for row in written["rows"][:2]:  # the steady rate (after the first epoch) is what the model prices
+            row["steady_samples_per_s"], row["samples_per_s"] = row["samples_per_s"], row["samples_per_s"] / 2
+        paths.append(tmp_path / f"bed_{ranks}r_1gbit.json")
+        paths[-1].write_text(json.dumps(written))
+    result = subprocess.run([PYTHON, "-m", "benchmarks.bed_model", *map(str, paths)], capture_output=True, text=True,
+                            timeout=180, env=clean_env(), cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    out = json.loads((tmp_path / "bed_model.json").read_text())
+    assert out["fit"]["alpha_s"] == pytest.approx(ALPHA, rel=1e-6)
+    assert out["fit"]["overhead_s"] == pytest.approx(OVERHEAD, rel=1e-6)
+    assert len(out["rows"]) == 12 and [r["within"] for r in out["rows"] if r["mode"] == "sync"] == [True] * 6
+    assert [r["predicted"] for r in out["rows"] if r["mode"] == "policy"] == [None] * 3  # not priced, still listed
+    assert all(abs(r["error"]) < 1e-6 for r in out["rows"] if r["mode"] == "sync")
+    assert "| 8 | 1gbit | none | hybrid |" in result.stdout and "| 300 * |" in result.stdout
+    assert "<!-- bench:bed_model:begin -->" in (tmp_path / "BENCHMARKS.md").read_text()
+
+
+@pytest.mark.timeout(200)
+def test_bad_input_is_one_line_with_status_2(tmp_path):
+    norows = tmp_path / "norows.json"
+    norows.write_text(json.dumps({"ranks": 4}))
+    for path, says in ((tmp_path / "missing.json", "cannot be read"), (norows, "has no rows")):
+        result = subprocess.run([PYTHON, "-m", "benchmarks.bed_model", str(path)], capture_output=True, text=True,
+                                timeout=90, env=clean_env(), cwd=REPO)
+        assert result.returncode == 2, result.stderr
+        errors = [l for l in result.stderr.splitlines() if l.startswith("benchmarks.bed_model: error:")]
+        assert len(errors) == 1 and says in errors[0] and str(path) in errors[0], result.stderr
+        assert "Traceback" not in result.stderr
