@@ -127,7 +127,7 @@ def step_waits(dataset: tf.data.Dataset, context, async_mode: bool, batch_size: 
     micros = FLAGS.compute_ms * 1000.0 * batch / batch_size
     slow, jitter = parse_slow(FLAGS.compute_slow_worker), parse_jitter(FLAGS.compute_jitter)
     if slow is None and jitter is None:
-        return dataset.apply(testing.sleep(int(micros)))
+        return _in_step(dataset.apply(testing.sleep(int(micros))))
     if async_mode:  # every async worker's input context has id 0
         try:
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -139,4 +139,14 @@ def step_waits(dataset: tf.data.Dataset, context, async_mode: bool, batch_size: 
     # sleep dataset read to its end would wait twice per step.
     waits = factors_dataset(slow, jitter, seed, worker).flat_map(
         lambda f: tf.data.Dataset.from_tensors(f).apply(testing.sleep(tf.cast(micros * f, tf.int64))).take(1))
-    return tf.data.Dataset.zip((dataset, waits)).map(lambda element, _: element)
+    return _in_step(tf.data.Dataset.zip((dataset, waits)).map(lambda element, _: element))
+
+
+def _in_step(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` read one batch at a time: tf.data would otherwise append a prefetch after the
+    last (synchronous) transformation, and the waits would run ahead of the steps, overlapped
+    with the previous step's exchange and hidden from the step times the exchange measures.
+    A real step's compute cannot start before the previous update is applied."""
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    return dataset.with_options(options)
