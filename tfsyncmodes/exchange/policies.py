@@ -144,7 +144,12 @@ class RoundPolicy(CrossGroupPolicy):
     def after_update(self, variables):
         if not self.active:
             return
-        step = self.step.assign_add(1)
+        # The counter (and the clocks of speed-proportional steps) after this update is applied:
+        # ops on other variables are not ordered after it by themselves, and a step time read
+        # early would leave the step's own compute out.
+        applied = [tf.convert_to_tensor(v) for v in variables]
+        with tf.control_dependencies(applied):
+            step = self.step.assign_add(1)
         due = tf.logical_or(self.due(step), step <= self.warmup_steps)
 
         def run():
@@ -155,7 +160,9 @@ class RoundPolicy(CrossGroupPolicy):
             self.link.idle()
             return tf.constant(False)
 
-        self.updated(tf.cond(due, run, skip))
+        rounded = tf.cond(due, run, skip)
+        with tf.control_dependencies(applied):
+            self.updated(tf.identity(rounded))
 
     def due(self, step: tf.Tensor) -> tf.Tensor:
         """Whether a round is due after update number `step` (from 1), the warm-up aside: every
