@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import PYTHON, REPO, WORKERS, clean_env
-from tests.workers.elastic_run import CLASSES, data
+from tests.workers.elastic_run import CLASSES, LEARNING_RATE, data
 from tfsync_testbed import localrun
 
 pytestmark = pytest.mark.slow
@@ -43,9 +43,13 @@ def elastic_job(tmp_path, script, np_start, timeout=200, **env):
         "--max-np", "3", "--host-discovery-script", str(script),
         PYTHON, os.path.join(WORKERS, "elastic_run.py")]
     started = time.monotonic()
-    result = localrun.run(command, timeout=timeout, cwd=REPO, env=clean_env(
-        TFSYNC_ELASTIC="true", TFSYNC_ELASTIC_COMMIT=COMMIT, TFSYNC_COLLECTIVE_TIMEOUT=10,
-        ELASTIC_OUT=out, ELASTIC_EPOCHS=EPOCHS, ELASTIC_STEPS=STEPS, **env))
+    try:
+        result = localrun.run(command, timeout=timeout, cwd=REPO, env=clean_env(
+            TFSYNC_ELASTIC="true", TFSYNC_ELASTIC_COMMIT=COMMIT, TFSYNC_COLLECTIVE_TIMEOUT=10,
+            ELASTIC_OUT=out, ELASTIC_EPOCHS=EPOCHS, ELASTIC_STEPS=STEPS, **env))
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the job did not finish within {timeout} s:\n{(expired.output or '')[-3000:]}\n"
+                    f"{(expired.stderr or '')[-5000:]}")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     ranks = {path.name: dict(np.load(out / path.name)) for path in sorted(out.iterdir())}
@@ -90,9 +94,29 @@ def test_a_lost_rank_rolls_back_to_the_last_commit_and_training_goes_on(tmp_path
     assert 0 < resumed - killed < 60
 
 
-def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path):
+@pytest.mark.timeout(400)
+def test_elastic_hybrid_regroups_when_a_rank_is_lost(tmp_path):
+    """Hybrid, one group per host (each rank its own host name here): 3 groups, a rank lost
+    mid-round, the two left regroup into 2 groups from the commit at the last round boundary.
+    The same job checks ``--sync_elastic_lr=scale``: the rate times size / size at start."""
+    script, _ = discovery(tmp_path, NAMES)
+    ranks, output, seconds = elastic_job(tmp_path, script, 3, timeout=300, ELASTIC_KILL=f"3:1:{COMMIT + 2}",
+                                         TFSYNC_MODE="hybrid", TFSYNC_PERIOD=COMMIT, TFSYNC_ELASTIC_LR="scale")
+    print(f"elastic hybrid job: {seconds:.1f} s")
+    assert f"exits at epoch 1 step {COMMIT + 2}" in output
+    assert f"tfsyncmodes: world 3 -> 2 at epoch 1 step {COMMIT} groups [[0],[1]]" in output, output[-4000:]
+    history = check_one_model_all_steps(ranks, 2)
+    assert history["world_size"] == [3.0, 2.0, 2.0, 2.0]
+    assert [int(rank["groups"]) for rank in ranks.values()] == [2, 2]
+    for rank in ranks.values():  # linear scaling from a world of 3 to one of 2
+        assert float(rank["learning_rate"]) == pytest.approx(LEARNING_RATE * 2 / 3, rel=1e-6)
+
+
+@pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
+def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path, legacy):
     script, hosts = discovery(tmp_path, NAMES[:2])
-    ranks, output, _ = elastic_job(tmp_path, script, 2, ELASTIC_ADD=f"0:{hosts}:{NAMES[2]}:1")
+    ranks, output, _ = elastic_job(tmp_path, script, 2, ELASTIC_ADD=f"0:{hosts}:{NAMES[2]}:1",
+                                   TF_USE_LEGACY_KERAS=legacy)
     assert "tfsyncmodes: world 2 -> 3 at epoch" in output, output[-4000:]
     # The new rank started from other weights (seeded by rank) and ends with the others'.
     history = check_one_model_all_steps(ranks, 3)

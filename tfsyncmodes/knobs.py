@@ -70,7 +70,8 @@ _AUTO = dict(words=("auto",), old={0: "auto"})
 _STRAGGLER = When(modes=("sync",), test=lambda v, m: v["switch_policy"] == "straggler" or v["mode"] == "auto",
                   text="switch_policy=straggler (or mode=auto)", keys=("switch_policy",))
 
-_ELASTIC = When(("sync",), lambda v, m: bool(v["elastic"]), "mode=sync with elastic on", ("elastic",))
+_ELASTIC = When(("sync", "hybrid"), lambda v, m: bool(v["elastic"]), "mode=sync or hybrid with elastic on",
+                ("elastic",))
 
 TOPK = ("topk", "topk_int8", "topk_int4", "topk_int2")  # the Top-K compressions
 QUANTIZED = ("int8", "int4", "int2", "topk_int8", "topk_int4", "topk_int2")  # the quantizing ones
@@ -97,16 +98,18 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("collective_timeout", 300.0, Number(float, 1.0, 86400.0),
          "Seconds a collective operation may wait for peers before the run fails instead of hanging."),
     Knob("elastic", False, Boolean(),
-         "Sync under horovodrun's elastic mode (--min-np/--max-np with --host-discovery-script): "
-         "a lost rank rolls the others back to the last in-memory commit and training goes on; "
-         "a rank the discovery script adds joins at the next commit with the state of rank 0.",
-         modes("sync")),
+         "Sync or hybrid under horovodrun's elastic mode (--min-np/--max-np with "
+         "--host-discovery-script): a lost rank rolls the others back to the last in-memory commit "
+         "and training goes on; a rank the discovery script adds joins at the next commit with the "
+         "state of rank 0; hybrid makes its groups again for every new world.",
+         modes("sync", "hybrid")),
     Knob("elastic_commit", "epoch", Number(int, 1, 1 << 30, words=("epoch",)),
-         "Elastic sync: commit the state in memory at every epoch's end (epoch), or also every "
-         "this many steps; a lost rank costs at most the steps since the last commit.", _ELASTIC),
+         "Elastic sync or hybrid: commit the state in memory at every epoch's end (epoch), or also "
+         "every this many steps (hybrid: at the first round boundary from there); a lost rank costs "
+         "at most the steps since the last commit.", _ELASTIC),
     Knob("elastic_lr", "keep", Choice(lambda: ("keep", "scale")),
-         "Elastic sync, the learning rate when the world changes size: keep (each update stays "
-         "the mean gradient at the same rate) or scale (the rate times size / size at start).",
+         "Elastic sync or hybrid, the learning rate when the world changes size: keep (each update "
+         "stays the mean gradient at the same rate) or scale (the rate times size / size at start).",
          _ELASTIC),
     Knob("slow_worker", "", Text(slow_worker, "INDEX:FACTOR[@START%-END%], or empty"),
          "Fault injection for benchmarks: 'INDEX:FACTOR' makes worker INDEX take FACTOR times "
@@ -217,7 +220,8 @@ KNOBS: Tuple[Knob, ...] = (
          "fastest period, and the average weights groups by the samples they processed: Async "
          "Local-SGD's dynamic local updates; groups of equal speed run period each), or fixed "
          "(period for every group, so a slow group holds every round back; the hybrid phase of "
-         "a --sync_mode_schedule run is always fixed; the straggler policy's runs auto).",
+         "a --sync_mode_schedule run and an elastic hybrid run are always fixed; the straggler "
+         "policy's runs auto).",
          given("cross_group", "periodic")),
     # --- online switching (tfsyncmodes/switching/) ---
     Knob("switch_policy", "none", Choice(lambda: ("none", "straggler")),

@@ -6,7 +6,9 @@ Environment: ELASTIC_OUT (a directory: each rank still there at the end writes
 ``SIZE:EPOCH:STEP`` (the last rank of a world of SIZE exits at once before that step; the time
 of the exit and of the first step finished in the new world are printed),
 ELASTIC_ADD ``EPOCH:FILE:LINE`` (rank 0 appends LINE to the discovery script's FILE at the end
-of that epoch), ELASTIC_EPOCHS, ELASTIC_STEPS."""
+of that epoch), ELASTIC_EPOCHS, ELASTIC_STEPS; the mode and its knobs from TFSYNC_* (hybrid: the
+npz also has ``groups``, the number of groups the cross-group exchange links at the end; every
+run its final ``learning_rate``). The optimizer is SGD at LEARNING_RATE."""
 import json
 import os
 import sys
@@ -14,7 +16,7 @@ import time
 
 import numpy as np
 
-FEATURES, CLASSES, PER_RANK_BATCH = 8, 3, 16
+FEATURES, CLASSES, PER_RANK_BATCH, LEARNING_RATE = 8, 3, 16, 0.5
 
 
 def data(rows=4096, seed=0):
@@ -36,7 +38,7 @@ def main():
     with strategy.scope():
         tf.random.set_seed(100 + hvd.rank())  # ranks start apart; the state is rank 0's
         model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)])
-        model.compile(optimizer=strategy.wrap(keras.optimizers.SGD(0.5)),
+        model.compile(optimizer=strategy.wrap(keras.optimizers.SGD(LEARNING_RATE)),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"], jit_compile=False)
 
@@ -76,8 +78,12 @@ def main():
     history = strategy.fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps,
                            callbacks=[Faults()], verbose=0)
     out = os.environ["ELASTIC_OUT"]
+    from tfsyncmodes.exchange import CrossGroupPolicy
+    policies = model.optimizer.exchange.find(CrossGroupPolicy)
     np.savez(os.path.join(out, f"rank{hvd.rank()}.npz"), *[np.asarray(w) for w in model.get_weights()],
              iterations=int(np.asarray(model.optimizer.iterations)), size=hvd.size(),
+             groups=policies[0].num_groups if policies else -1,
+             learning_rate=float(np.asarray(model.optimizer.learning_rate)),
              history=json.dumps({"epoch": history.epoch, **history.history}))
     return 0
 

@@ -115,15 +115,17 @@ def _registered_sets():
             for set_id, ranks in _basics._get_process_set_ids_and_ranks().items()}
 
 
-def init_horovod(layout: GroupLayout) -> ActiveGroups:
+def init_horovod(layout: GroupLayout, dynamic: bool = False) -> ActiveGroups:
     """Initialises Horovod with the layout's process sets (identically on every rank), and
     returns this rank's groups and process sets. The process sets are Horovod's: a second
-    strategy with the same layout finds them there."""
+    strategy with the same layout finds them there. `dynamic`: Horovod is started with
+    dynamic process sets and the layout's are added after (an elastic job, whose sets are
+    made again for every new world: Horovod drops them when it shuts down)."""
     import horovod.tensorflow as hvd
 
     wanted = [tuple(r) for r in layout.process_set_ranks()]
     if not hvd.is_initialized():
-        hvd.init(process_sets=[hvd.ProcessSet(list(ranks)) for ranks in wanted])
+        hvd.init(process_sets="dynamic" if dynamic else [hvd.ProcessSet(list(ranks)) for ranks in wanted])
     known = _registered_sets()
     for ranks in wanted:
         if ranks in known:

@@ -102,6 +102,11 @@ class SpeedProportionalAverage(PeriodicAverage):
 
     # --- in the step -------------------------------------------------------------------------
 
+    def at_round_boundary(self) -> bool:
+        """Between rounds: no group has run a step since the last one (``due`` counts steps,
+        so it is not asked here)."""
+        return self.since is None or int(self.since.numpy()) == 0
+
     def _planned(self) -> tf.Tensor:
         """This group's inner steps for the round under way."""
         h_max = tf.constant(self.h_max, tf.int64)

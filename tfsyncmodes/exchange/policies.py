@@ -73,6 +73,12 @@ class CrossGroupPolicy(Part):
         """Values for the epoch's logs (and History), read at the epoch's end."""
         return {}
 
+    def at_round_boundary(self) -> bool:
+        """Eagerly, between steps: whether no cross-group round is under way, so that the state
+        may be committed here (an elastic job rolls back to its commits). Every step is one
+        for an in-step exchange; a background one must have applied every round it started."""
+        return self.link.lag() in (None, 0)
+
     def finish(self, variables) -> None:
         """The end of training, on every rank after flush(): every rank takes the mean of the
         groups' models, so that training ends with one model. One dense allreduce of the
@@ -163,6 +169,11 @@ class RoundPolicy(CrossGroupPolicy):
         rounded = tf.cond(due, run, skip)
         with tf.control_dependencies(applied):
             self.updated(tf.identity(rounded))
+
+    def at_round_boundary(self) -> bool:
+        """After a round (or before the first update): the groups hold the model the round gave."""
+        step = 0 if self.step is None else int(self.step.numpy())
+        return step == 0 or step <= self.warmup_steps or bool(self.due(tf.constant(step, tf.int64)))
 
     def due(self, step: tf.Tensor) -> tf.Tensor:
         """Whether a round is due after update number `step` (from 1), the warm-up aside: every

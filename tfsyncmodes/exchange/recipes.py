@@ -288,10 +288,11 @@ def cross_group_policy(policy, config, link, warmup_steps: int) -> CrossGroupPol
     """The cross-group policy class `policy` over `link`, with the settings it declares:
     ``period`` (:func:`period`), ``warmup_steps``, ``outer`` (:func:`outer_optimizer`),
     ``alpha`` (:func:`elastic_alpha`) and ``fragments`` (:func:`fragments`). Periodic averaging
-    is streaming with more than one fragment, else speed-proportional with ``local_steps=auto``."""
+    is streaming with more than one fragment, else speed-proportional with ``local_steps=auto``
+    (not in an elastic run: its commits count steps, which every rank must run alike)."""
     if policy is PeriodicAverage and fragments(config) > 1:
         policy = StreamingAverage
-    elif policy is PeriodicAverage and config.local_steps == "auto":
+    elif policy is PeriodicAverage and config.local_steps == "auto" and not config.elastic:
         policy = SpeedProportionalAverage
     declared = inspect.signature(policy).parameters
     settings = {"fragments": fragments(config)} if "fragments" in declared else {}

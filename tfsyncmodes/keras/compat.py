@@ -12,3 +12,17 @@ if LEGACY:
     import tf_keras as keras  # noqa: F401
 else:
     import keras  # noqa: F401
+
+
+def build_optimizer(model) -> None:
+    """Builds the model's optimizer over its trainable variables if it is not built yet, so
+    that its slots and exchange state exist (Keras 3 says so in ``built``, tf_keras in
+    ``_built``)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not hasattr(optimizer, "build"):
+        return
+    built = getattr(optimizer, "built", None)
+    if built is None:
+        built = getattr(optimizer, "_built", False)
+    if not built:
+        optimizer.build(model.trainable_variables)

@@ -40,6 +40,7 @@ class SyncCore:
         self.exchange: Chain = exchange if exchange is not None else exchange_for(
             config, groups, active_mode=active_mode)
         self.variables: Sequence = ()
+        self.state: list = []  # (name, variable) of every state variable the exchange made
 
     @classmethod
     def default(cls) -> "SyncCore":
@@ -78,7 +79,38 @@ class SyncCore:
 
     def build(self, variables: Sequence, state: StateFactory) -> None:
         self.variables = list(variables)
-        self.exchange.build(self.variables, state)
+
+        def recorded(name, shape, dtype):
+            variable = state(name, shape, dtype)
+            self.state.append((name, variable))
+            return variable
+        self.exchange.build(self.variables, recorded)
+
+    def regroup(self, groups) -> None:
+        """The exchange made again over other hybrid `groups` (an elastic job's new world),
+        built over the state variables the old one made, name for name (they are optimizer
+        state: the elastic commit, checkpoints and broadcasts know them). The train function
+        must be traced again."""
+        exchange = exchange_for(self.config, groups, active_mode=getattr(self.exchange, "active", None))
+        if getattr(self, "inner_optimizer", None) is not None:
+            exchange.attach(self.inner_optimizer)
+        if self.variables:
+            existing = iter(self.state)
+
+            def reuse(name, shape, dtype):
+                known, variable = next(existing, (None, None))
+                if known != name:
+                    raise RuntimeError(f"the regrouped exchange asks for {name!r}, not {known!r}")
+                return variable
+            exchange.build(self.variables, reuse)
+        self.exchange = exchange
+
+    def start_clean(self, kept: Sequence[str]) -> None:
+        """Every state variable of the exchange set to zero, except those named in `kept`
+        (as at the start of training: round policies take their anchor again at the next step)."""
+        for name, variable in self.state:
+            if name not in kept:
+                variable.assign(tf.zeros_like(variable))
 
     def begin_step(self) -> tf.Tensor:
         read = self.exchange.begin_step()
@@ -139,6 +171,10 @@ class SyncCoreAccess:
 
     def finish_exchange(self) -> None:
         self._sync_core.finish()
+
+    @property
+    def sync_core(self) -> SyncCore:
+        return self._sync_core
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""Elastic sync under ``horovodrun --min-np/--max-np --host-discovery-script`` (knob ``elastic``):
-``fit`` driven by Horovod's own elastic loop (``horovod.common.elastic.run_fn``).
+"""Elastic sync and hybrid under ``horovodrun --min-np/--max-np --host-discovery-script`` (knob
+``elastic``): ``fit`` driven by Horovod's own elastic loop (``horovod.common.elastic.run_fn``).
 
 The state kept in memory is the model's and the optimizer's variables (the exchange's state
 included: it is optimizer variables), the epoch, the step within it, the world size at start
@@ -11,6 +11,12 @@ stops at the next commit, the world is re-formed and the new rank receives rank 
 broadcast). Each attempt re-makes the dataset, so the data are sharded over the new world; the
 learning rate follows ``elastic_lr``. Each change is one line on rank 0,
 ``tfsyncmodes: world 3 -> 2 at epoch E step S``, and the History's ``world_size`` per epoch.
+
+What a mode adds goes through the strategy's hooks: ``elastic_restart`` (Horovod started again
+after a reset; hybrid makes its groups again, and the line names them), ``elastic_commit_point``
+(whether a commit may land after this step; hybrid: a round boundary) and ``elastic_resized``
+(on every rank once a new world holds rank 0's state; hybrid: the exchange starts clean), see
+:mod:`tfsyncmodes.strategies.elastic_hybrid`.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsyncmodes.exchange import communicators
-from tfsyncmodes.keras.compat import keras
+from tfsyncmodes.keras.compat import build_optimizer, keras
 
 _LOST = ("horovod", "gloo")  # words in the message of a collective that failed with a peer
 
@@ -66,16 +72,25 @@ def elastic_state(model, **values):
 
 class ElasticCommit(keras.callbacks.Callback):
     """Counts the steps of an attempt, commits the state at epoch ends (and every `every`
-    steps), adds ``world_size`` to the epoch logs and keeps the committed epoch logs."""
+    steps), adds ``world_size`` to the epoch logs and keeps the committed epoch logs. A commit
+    waits for a step after which `commit_point()` is true (hybrid: a round boundary)."""
 
-    def __init__(self, state, every, first_step: int):
+    def __init__(self, state, every, first_step: int, commit_point=lambda: True):
         super().__init__()
         self.state, self.every, self.first_step = state, every, first_step
+        self.commit_point, self.due = commit_point, False
+
+    def _commit(self):
+        if self.commit_point():
+            self.due = False
+            self.state.commit()
+        else:
+            self.due = True
 
     def on_train_batch_end(self, batch, logs=None):
         self.state.batch = self.first_step + batch + 1
-        if self.every != "epoch" and self.state.batch % int(self.every) == 0:
-            self.state.commit()
+        if self.due or (self.every != "epoch" and self.state.batch % int(self.every) == 0):
+            self._commit()
 
     def on_epoch_end(self, epoch, logs=None):
         import horovod.tensorflow as hvd
@@ -84,7 +99,7 @@ class ElasticCommit(keras.callbacks.Callback):
             logs["world_size"] = float(hvd.size())
         self.state.logs = self.state.logs + [(epoch, {k: float(v) for k, v in (logs or {}).items()})]
         self.state.epoch, self.state.batch, self.first_step = epoch + 1, 0, 0
-        self.state.commit()
+        self._commit()
 
 
 def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verbose):
@@ -95,27 +110,29 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
 
     if steps_per_epoch is None:
         raise ValueError("elastic sync needs steps_per_epoch (the state counts steps)")
-    optimizer = model.optimizer
-    if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
-        optimizer.build(model.trainable_variables)
-    rate = optimizer.learning_rate
+    # Built before the state is made: a rank that joins later must list the same variables
+    # (slots, exchange state) as the ranks that trained already.
+    build_optimizer(model)
+    rate = model.optimizer.learning_rate
     state = elastic_state(model, epoch=0, batch=0, start_size=hvd.size(), world=hvd.size(),
                           base_lr=float(np.asarray(rate)), logs=[])
     config = strategy.config
-    last = {}
+    last = {"groups": ""}
 
     def attempt(state):
         size = hvd.size()
         if state.world != size:
             if hvd.rank() == 0:
                 print(f"tfsyncmodes: world {state.world} -> {size} at epoch {state.epoch} "
-                      f"step {state.batch}", file=sys.stderr, flush=True)
+                      f"step {state.batch}{last['groups']}", file=sys.stderr, flush=True)
             state.world = size
+            strategy.elastic_resized(model)
         if config.elastic_lr == "scale":
             model.optimizer.learning_rate.assign(state.base_lr * size / state.start_size)
         while state.epoch < epochs:
             first = state.batch
-            commit = ElasticCommit(state, config.elastic_commit, first)
+            commit = ElasticCommit(state, config.elastic_commit, first,
+                                   lambda: strategy.elastic_commit_point(model))
             # A part-done epoch is finished on its own, then the others run in one fit.
             last_epoch = state.epoch + 1 if first else epochs
             dataset = strategy.distribute_datasets_from_function(dataset_fn)
@@ -135,7 +152,7 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
 
     def reset():
         hvd.shutdown()
-        hvd.init()
+        last["groups"] = strategy.elastic_restart(model)
         # The train function was traced in the old world: trace it again.
         model.train_function = None
         if hasattr(model, "make_train_function"):

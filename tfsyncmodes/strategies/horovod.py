@@ -103,6 +103,24 @@ class HorovodStrategy(ModeStrategy):
                            callbacks=callbacks,
                            verbose=self.default_verbose() if verbose is None else verbose)
 
+    # --- the elastic loop's hooks (tfsyncmodes.strategies.elastic) -----------------------------
+
+    def elastic_restart(self, model) -> str:
+        """Starts Horovod again after an elastic reset's shutdown; returns what the
+        world-change line adds (nothing here)."""
+        del model
+        self.hvd.init()
+        return ""
+
+    def elastic_commit_point(self, model) -> bool:
+        """Whether the state may be committed after this step (every step is one in sync)."""
+        del model
+        return True
+
+    def elastic_resized(self, model) -> None:
+        """On every rank once the state of a new world is in place (nothing in sync)."""
+        del model
+
     def _correctness_callbacks(self) -> List:
         # Traffic first, so that MetricAverage and History see it.
         traffic = [WireTrafficLogger()] if self._counts_traffic() else []

@@ -7,6 +7,7 @@ held by the strategy, and two more required callbacks.
 """
 from __future__ import annotations
 
+import os
 from typing import List, Optional
 
 from tfsyncmodes.cluster import HorovodEnv
@@ -15,18 +16,20 @@ from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.keras.hybrid_callbacks import DrainExchange
 from tfsyncmodes.registry import MODES
+from tfsyncmodes.strategies import elastic_hybrid
 from tfsyncmodes.strategies.base import Mode
 from tfsyncmodes.strategies.horovod import HorovodStrategy
+from tfsyncmodes.strategies.sync import check_elastic
 
 
-def start_groups(layout) -> Optional[groups_lib.ActiveGroups]:
+def start_groups(layout, dynamic: bool = False) -> Optional[groups_lib.ActiveGroups]:
     """Starts Horovod with `layout`'s groups as process sets (None where Horovod is not
-    installed: HorovodStrategy then reports it)."""
+    installed: HorovodStrategy then reports it); `dynamic`: with dynamic process sets (elastic)."""
     try:
         import horovod.tensorflow  # noqa: F401
     except ImportError:
         return None
-    return groups_lib.init_horovod(layout)
+    return groups_lib.init_horovod(layout, dynamic=dynamic)
 
 
 class HybridStrategy(HorovodStrategy):
@@ -37,8 +40,16 @@ class HybridStrategy(HorovodStrategy):
             raise ConfigError(config.sources.get("mode", "argument"), "mode=hybrid",
                               "this process was not started by horovodrun",
                               "launch with: horovodrun -np N python ... --sync_mode=hybrid")
+        if config.elastic:
+            check_elastic(config, "horovod")
+            if config.sources.get("local_steps", "default") != "default" and config.local_steps == "auto":
+                raise ConfigError(*groups_lib.knob_field(config, "local_steps"), "auto cannot run in an elastic "
+                                  "hybrid job (its commits count steps, which every rank must run alike)",
+                                  "use fixed, or turn elastic off")
         self.layout = groups_lib.layout_from_config(config, horovod_env.size, horovod_env.local_size)
-        self._groups = start_groups(self.layout)
+        # Horovod starts here (process sets are declared at its start): the collective timeout first.
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(config.collective_timeout)))
+        self._groups = start_groups(self.layout, dynamic=config.elastic)
         super().__init__(config)
 
     @property
@@ -48,6 +59,21 @@ class HybridStrategy(HorovodStrategy):
     @property
     def group_index(self) -> int:
         return self.layout.group_of(self.worker_index)
+
+    # --- elastic (tfsyncmodes.strategies.elastic_hybrid) --------------------------------------
+
+    def regrouped(self, layout: groups_lib.GroupLayout, groups: groups_lib.ActiveGroups) -> None:
+        """`layout` and its process sets are this strategy's groups from now on."""
+        self.layout, self._groups = layout, groups
+
+    def elastic_restart(self, model) -> str:
+        return " groups " + elastic_hybrid.restart(self, model)
+
+    def elastic_commit_point(self, model) -> bool:
+        return elastic_hybrid.at_round_boundary(model)
+
+    def elastic_resized(self, model) -> None:
+        elastic_hybrid.start_clean(model)
 
     def _correctness_callbacks(self) -> List:
         return super()._correctness_callbacks() + [DrainExchange()]  # drain at the end

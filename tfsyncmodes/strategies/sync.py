@@ -28,12 +28,12 @@ class SyncMode(Mode):
     def make_strategy(self, config, horovod, tf_config):
         chosen = chosen_backend(config, horovod, tf_config)
         if config.elastic:
-            _check_elastic(config, chosen)
+            check_elastic(config, chosen)
         backend = BACKENDS.get(chosen, config.sources.get("backend", "default"), "backend")
         return backend.from_environment(config, horovod, tf_config)
 
 
-def _check_elastic(config, backend: str) -> None:
+def check_elastic(config, backend: str) -> None:
     """``elastic`` needs Horovod started by ``horovodrun`` in its elastic mode (which sets
     ``HOROVOD_ELASTIC=1`` in every rank's environment)."""
     source = config.sources.get("elastic", "default")
