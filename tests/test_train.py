@@ -67,17 +67,14 @@ def test_train_multi_worker_from_tf_config(tmp_path, owned_ports):
 def test_samples_count_every_groups_steps_and_a_switching_runs_sync_epochs():
     """The trainer's `samples`: a sync epoch (no hybrid rounds) is steps_per_epoch global batches;
     a hybrid epoch with speed-proportional steps is each group's steps x its share of the batch."""
-    from absl.testing import flagsaver
-
-    from tfsyncmodes.examples import train
+    from tfsyncmodes.examples.run_metrics import trained_samples
 
     batch, per_epoch = 64, 22
     logs = {"loss": [2.0, 1.0, 0.5, 0.4],  # sync, hybrid (2 rounds), hybrid (3 rounds), sync
             "local_steps_rounds": [0.0, 2.0, 3.0, 0.0],
             "local_steps_group0": [0.0, 8.0, 7.0, 0.0], "local_steps_group1": [0.0, 2.0, 1.0, 0.0]}
     expected = per_epoch * batch + (2 * 8 + 2 * 2) * 32 + (3 * 7 + 3 * 1) * 32 + per_epoch * batch
-    with flagsaver.flagsaver(batch_size=batch):
-        assert train.trained_samples(logs, steps=88, steps_per_epoch=per_epoch) == expected
-        # no rounds at all (a run that never left sync): the steps it ran
-        never = {**logs, "local_steps_rounds": [0.0] * 4}
-        assert train.trained_samples(never, steps=88, steps_per_epoch=per_epoch) == 88 * batch
+    assert trained_samples(logs, steps=88, steps_per_epoch=per_epoch, batch_size=batch) == expected
+    # no rounds at all (a run that never left sync): the steps it ran
+    never = {**logs, "local_steps_rounds": [0.0] * 4}
+    assert trained_samples(never, steps=88, steps_per_epoch=per_epoch, batch_size=batch) == 88 * batch

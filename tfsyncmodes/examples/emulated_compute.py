@@ -149,4 +149,5 @@ def _in_step(dataset: tf.data.Dataset) -> tf.data.Dataset:
     A real step's compute cannot start before the previous update is applied."""
     options = tf.data.Options()
     options.experimental_optimization.inject_prefetch = False
+    options.experimental_optimization.map_parallelization = False  # a parallel map reads ahead too
     return dataset.with_options(options)

@@ -25,6 +25,7 @@ from absl import flags, logging
 import tfsyncmodes
 from tfsyncmodes.errors import ConfigError, at_least
 from tfsyncmodes.examples import emulated_compute
+from tfsyncmodes.examples import run_metrics
 from tfsyncmodes.keras.compat import keras
 from tfsyncmodes.paths import usable_directory
 from tfsyncmodes.switching.phases import plan as phase_plan
@@ -249,7 +250,8 @@ def train(argv):
                 metrics[key] = [float(v) for v in history.history[key]]
         for key in sorted(k for k in history.history if k.startswith("local_steps_")):
             metrics[key] = [float(v) for v in history.history[key]]
-        metrics["samples"] = trained_samples(history.history, metrics["steps"], steps_per_epoch)
+        metrics["samples"] = run_metrics.trained_samples(history.history, metrics["steps"], steps_per_epoch,
+                                                         FLAGS.batch_size)
         if phase is not None:
             metrics.update(phase.metrics())
         print(f"test accuracy: {accuracy:.4f} ({strategy.describe()}, {seconds:.1f}s)", flush=True)
@@ -257,27 +259,6 @@ def train(argv):
             os.makedirs(os.path.dirname(os.path.abspath(FLAGS.metrics_file)), exist_ok=True)
             with open(FLAGS.metrics_file, "w", encoding="utf-8") as handle:
                 json.dump(metrics, handle)
-
-
-def trained_samples(logs: dict, steps: int, steps_per_epoch: int) -> int:
-    """Samples every replica trained on: steps x the global batch, or, with speed-proportional
-    local steps (each group's inner steps per round and the rounds in every epoch's logs), the
-    sum over groups of their steps x the group's share of the global batch. An epoch without
-    rounds (a switching run's sync epochs) counts `steps_per_epoch` global batches; the sync
-    steps of an epoch that switched into hybrid midway are not counted."""
-    groups = sorted(k for k in logs if k.startswith("local_steps_group"))
-    rounds = logs.get("local_steps_rounds", [])
-    if not groups or not any(float(r) for r in rounds):
-        return int(steps) * FLAGS.batch_size
-    per_group = FLAGS.batch_size / len(groups)
-    epochs = len(logs.get("loss", rounds))
-    total = max(0, epochs - len(rounds)) * steps_per_epoch * FLAGS.batch_size  # epochs before the first logged
-    for e, done in enumerate(rounds):
-        if float(done):
-            total += sum(float(logs[g][e]) * float(done) * per_group for g in groups)
-        else:
-            total += steps_per_epoch * FLAGS.batch_size
-    return int(round(total))
 
 
 def main() -> None:
