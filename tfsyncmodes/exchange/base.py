@@ -30,6 +30,22 @@ Grads = List[Optional[tf.Tensor]]
 StateFactory = Callable[[str, Sequence[int], tf.DType], tf.Variable]
 
 
+def reuse_state(existing, what: str) -> StateFactory:
+    """A state factory that hands back `existing` ((name, variable) pairs, in the order a build
+    asks for them): an exchange rebuilt over other groups or after a switch keeps its variables.
+    A build that asks for another name is a RuntimeError naming `what` (never StopIteration: in
+    a Keras callback that ends the epoch as if the data had run out)."""
+    remaining = iter(existing)
+
+    def reuse(name, shape, dtype):
+        del shape, dtype
+        known, variable = next(remaining, (None, None))
+        if known != name:
+            raise RuntimeError(f"the {what} asks for {name!r}, not {known!r}")
+        return variable
+    return reuse
+
+
 class Part:
     """One part of an exchange. Every stage defaults to doing nothing."""
 

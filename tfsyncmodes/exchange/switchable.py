@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import communicators
-from tfsyncmodes.exchange.base import Chain, Part
+from tfsyncmodes.exchange.base import Chain, Part, reuse_state
 from tfsyncmodes.exchange.policies import CrossGroupPolicy
 
 # State a switch does not reset: the wire-traffic counters count over the whole run.
@@ -99,16 +99,7 @@ class SwitchableExchange(Chain):
         if self.inner_optimizer is not None:
             exchange.attach(self.inner_optimizer)
         if self.built:
-            existing = iter(self._state[mode])
-
-            def reuse(name, shape, dtype):
-                # (not next() alone: a StopIteration raised in a Keras callback ends the epoch
-                # as if the data had run out)
-                known, variable = next(existing, (None, None))
-                if known != name:
-                    raise RuntimeError(f"the rebuilt {mode} exchange asks for {name!r}, not {known!r}")
-                return variable
-            exchange.build(self.variables, reuse)
+            exchange.build(self.variables, reuse_state(self._state[mode], f"rebuilt {mode} exchange"))
         self.exchanges[mode] = exchange
 
     def activate(self, mode: str) -> None:

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tfsyncmodes import config as config_lib
 from tfsyncmodes import context
-from tfsyncmodes.exchange.base import Chain, StateFactory
+from tfsyncmodes.exchange.base import Chain, StateFactory, reuse_state
 from tfsyncmodes.exchange.recipes import exchange_for
 from tfsyncmodes.keras import compat
 
@@ -95,14 +95,7 @@ class SyncCore:
         if getattr(self, "inner_optimizer", None) is not None:
             exchange.attach(self.inner_optimizer)
         if self.variables:
-            existing = iter(self.state)
-
-            def reuse(name, shape, dtype):
-                known, variable = next(existing, (None, None))
-                if known != name:
-                    raise RuntimeError(f"the regrouped exchange asks for {name!r}, not {known!r}")
-                return variable
-            exchange.build(self.variables, reuse)
+            exchange.build(self.variables, reuse_state(self.state, "regrouped exchange"))
         self.exchange = exchange
 
     def start_clean(self, kept: Sequence[str]) -> None:
