@@ -1,9 +1,12 @@
-"""Speed-proportional local steps time the step's own work: a rank slowed inside its steps (the
-trainer's emulated compute, read with each batch) makes its group run fewer steps a round, as
-the speed rule says from the real step times, not from the exchange's own bookkeeping."""
+"""The clocks time the step's own work. Speed-proportional local steps: a rank slowed inside its
+steps (the trainer's emulated compute, read with each batch) makes its group run fewer steps a
+round, as the speed rule says from the real step times, not from the exchange's own
+bookkeeping. The straggler policy: in sync, the same rank is seen as the straggler."""
 import json
 import os
+import re
 
+import numpy as np
 import pytest
 
 from tests.conftest import PYTHON, REPO, run_checked
@@ -29,3 +32,25 @@ def test_a_group_slowed_inside_its_steps_runs_fewer_steps_a_round(tmp_path):
     # step's compute out sees equal groups (6-7 steps against 7-8).
     assert fast >= PERIOD - 2, metrics
     assert slow <= 0.5 * fast, metrics
+
+
+@pytest.mark.timeout(300)
+def test_the_straggler_policy_sees_a_rank_slowed_inside_its_steps(tmp_path):
+    # In sync, rank 1 waits 4x the others' 50 ms inside every step, so every rank's step is as
+    # long as the host sees it; each rank's own compute, stamped in the step, tells them apart.
+    command = [PYTHON, TRAIN, "--sync_mode=sync", "--sync_switch_policy=straggler", "--sync_switch_interval=4",
+               "--sync_switch_patience=2", "--epochs=2", "--compute_ms=200", f"--compute_slow_worker=1:{SLOW}",
+               f"--model_dir={tmp_path / 'run'}", f"--metrics_file={tmp_path / 'metrics.json'}"]
+    result = run_checked(localrun.horovodrun_command(4, command), timeout=260)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["modes"][-1] == 2.0 and sum(metrics["mode_switches"]) == 1, metrics
+    line = next(l for l in (result.stdout + result.stderr).splitlines() if "switch to hybrid" in l)
+    match = re.search(r"groups=([0-9,;]+).*\[([0-9.,]+)\]", line)
+    assert match, line
+    slow_group = [int(r) for r in match.group(1).split(";")[0].split(",")]
+    times = np.array([float(t) for t in match.group(2).split(",")])
+    # Rank 1's own time per step against the others': its 200 ms wait and the same step work
+    # against their 50 ms; the others' own times stay near their 50 ms wait, not at rank 1's.
+    assert 1 in slow_group, line
+    others = np.delete(times, 1)
+    assert times[1] >= 2.5 * np.median(others) and others.max() < 0.6 * times[1], line

@@ -139,6 +139,16 @@ def test_own_step_times_take_out_the_wait_for_peers():
     assert own_step_times(cycle, in_step) == [12.0, 40.0, 11.5, 12.5]
 
 
+def test_own_step_times_with_the_stamped_compute_see_a_rank_slowed_inside_its_step():
+    # Rank 1 computes 200 ms inside its train function, the others 50 ms and then wait for it in
+    # the allreduce: on the host every step is 210 ms in the function and 2 ms between steps.
+    cycle, in_step, compute = [212.0] * 4, [210.0, 210.0, 210.5, 209.5], [52.0, 201.0, 50.0, 51.0]
+    assert own_step_times(cycle, in_step) == [211.5, 211.5, 211.0, 212.0]  # the host alone: all alike
+    # Each: between steps + its compute + what the step costs after the gradients for the rank
+    # that waits least (rank 1: 210 - 201 = 9 ms, the exchange and the update).
+    assert own_step_times(cycle, in_step, compute) == [63.0, 212.0, 60.5, 62.5]
+
+
 @pytest.mark.parametrize("overrides, words", [
     ({"mode": "hybrid", "switch_policy": "straggler"}, "starts in sync"),
     ({"mode_schedule": "sync:10%,hybrid", "switch_policy": "straggler"}, "schedule and straggler both decide"),

@@ -244,9 +244,10 @@ def train(argv):
             metrics["first_step_seconds"] = first_step[0]
         if curve:
             metrics["epoch_seconds"], metrics["epoch_accuracy"] = [c[0] for c in curve], [c[1] for c in curve]
-        if strategy.config.mode_schedule:  # the mode each epoch ended in (sync 0, hybrid 2)
+        if strategy.config.mode_schedule:
             metrics["mode_schedule"] = strategy.config.mode_schedule
-            metrics["modes"] = [float(v) for v in history.history.get("mode", [])]
+        if "mode" in history.history:  # a switching run: the mode each epoch ended in (sync 0, hybrid 2)
+            metrics["modes"] = [float(v) for v in history.history["mode"]]
         for key in ("staleness_mean", "staleness_max", "staleness", "bytes_sent", "compression_ratio",
                     "cross_group_lag", "dropped_updates", "mode_switches"):
             if key in history.history:

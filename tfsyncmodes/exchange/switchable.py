@@ -32,6 +32,7 @@ import tensorflow as tf
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import communicators
 from tfsyncmodes.exchange.base import Chain, Part, reuse_state
+from tfsyncmodes.exchange.clock import ComputeClock
 from tfsyncmodes.exchange.policies import CrossGroupPolicy
 
 # State a switch does not reset: the wire-traffic counters count over the whole run.
@@ -48,12 +49,13 @@ class SwitchableExchange(Chain):
         self.active = active
         self.variables: List = []
         self.inner_optimizer = None
+        self.clock = ComputeClock()  # each rank's own compute, for the straggler policy
         self._state: Dict[str, List[Tuple[str, tf.Variable]]] = {m: [] for m in exchanges}
 
     @property
     def members(self) -> Tuple[Part, ...]:
-        """The parts every Chain stage runs: the active exchange only."""
-        return (self.exchanges[self.active],)
+        """The parts every Chain stage runs: the clock, then the active exchange."""
+        return (self.clock, self.exchanges[self.active])
 
     def parts(self):
         """Every part the optimizer holds, of every mode's exchange (callbacks find the
@@ -79,6 +81,7 @@ class SwitchableExchange(Chain):
 
     def build(self, variables, state):
         self.variables = list(variables)
+        self.clock.build(self.variables, state)
         for mode, exchange in self.exchanges.items():
             def recorded(name, shape, dtype, _mode=mode):
                 variable = state(name, shape, dtype)

@@ -15,7 +15,7 @@ reaches the same decision without another message.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 Groups = Tuple[Tuple[int, ...], ...]
 
@@ -26,10 +26,22 @@ def median(values: Sequence[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
 
 
-def own_step_times(cycle: Sequence[float], in_step: Sequence[float]) -> List[float]:
-    """Each rank's own time per step: its wall time per step (`cycle`) less the time it waited
-    for peers, estimated as its time inside the train function (`in_step`) beyond the least of
-    any rank's (the rank that arrives last at the collective waits least)."""
+def own_step_times(cycle: Sequence[float], in_step: Sequence[float],
+                   compute: Optional[Sequence[float]] = None) -> List[float]:
+    """Each rank's time per step were it to set the pace: its own work plus what every step
+    costs when no rank waits.
+
+    With `compute` (each rank's time from its step's start to its gradients, stamped in the step
+    before any exchange): its time between steps (`cycle`, its wall time per step, less
+    `in_step`, its time inside the train function), its compute, and the part of the train
+    function after the gradients that the rank waiting least spends there (the exchange and the
+    update: ``min(in_step - compute)``). Without: its wall time per step less the time it waited
+    for peers, estimated as its time inside the train function beyond the least of any rank's
+    (the rank that arrives last at the collective waits least); that sees a rank slowed between
+    steps but not one slowed inside them, whose peers wait for it in the same step."""
+    if compute is not None:
+        shared = max(min(s - k for s, k in zip(in_step, compute)), 0.0)
+        return [max(c - s, 0.0) + max(k, 0.0) + shared for c, s, k in zip(cycle, in_step, compute)]
     least = min(in_step)
     return [max(c - (s - least), 0.0) for c, s in zip(cycle, in_step)]
 

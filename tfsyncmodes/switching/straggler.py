@@ -28,9 +28,12 @@ sync takes effect at the end of the epoch, where every group ends it together (t
 counts then differ no more than their epochs' do; the switch makes the optimizer's step counter
 the most any rank ran).
 
-Limit: a rank slowed *inside* the train function (slow kernels) makes its peers wait for just
-as long inside theirs, so host timing cannot tell it from them; such a straggler is seen only
-once the ranks no longer wait for each other. ``--sync_slow_worker`` delays a rank between steps.
+A rank slowed *inside* the train function (slow kernels, an input pipeline read in the step)
+makes its peers wait for just as long inside theirs, so host timing cannot tell it from them.
+Each rank therefore also takes its own compute from the step: the exchange's
+:class:`~tfsyncmodes.exchange.clock.ComputeClock` stamps when its gradients are ready, before any
+collective, and a rank's own time per step is its time between steps plus that stamp less the
+step's start (:func:`~tfsyncmodes.switching.decision.own_step_times`).
 """
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ class StragglerSwitch(ModeSwitch):
         self._ended = 0.0
         self._in_step = self._cycle = 0.0
         self._timed = 0
+        self._compute, self._computed, self._began_wall = 0.0, 0, 0.0
         self._skip = 2  # the first steps trace the train function
         self._rounds_seen = 0  # cross-group rounds at the last decision (hybrid, local_steps=auto)
         self._back_to_sync: Optional[Decision] = None  # decided; takes effect at the epoch's end
@@ -76,6 +80,7 @@ class StragglerSwitch(ModeSwitch):
             self._timed += 1
         self._skip = max(self._skip - 1, 0)
         self._began = now
+        self._began_wall = time.time()  # the clock's stamp is wall time
 
     def on_train_batch_end(self, batch, logs=None):
         import numpy as np
@@ -84,6 +89,10 @@ class StragglerSwitch(ModeSwitch):
             np.asarray(value)  # waits for the step's result
             break
         self._ended = time.perf_counter()
+        stamp = self.exchange.clock.read()
+        if self._skip == 0 and stamp >= self._began_wall > 0:
+            self._compute += stamp - self._began_wall
+            self._computed += 1
         super().on_train_batch_end(batch, logs)
         policy = self._speed_proportional()
         if policy is None:
@@ -142,20 +151,24 @@ class StragglerSwitch(ModeSwitch):
         import tensorflow as tf
 
         timed = max(self._timed, 1)
-        mine = tf.constant([[self._cycle / timed, self._in_step / timed, float(self._timed)]], tf.float64)
+        compute = self._compute / self._computed if self._computed else -1.0
+        mine = tf.constant([[self._cycle / timed, self._in_step / timed, float(self._timed), compute]], tf.float64)
         gathered = communicators.world_allgather(mine, "tfsync_switch_policy_times").numpy()
-        self._in_step = self._cycle = 0.0
-        self._timed = 0
+        self._reset_window()
         if float(gathered[:, 2].min()) < 1:
             return None
-        return own_step_times(list(gathered[:, 0]), list(gathered[:, 1]))
+        stamped = list(gathered[:, 3]) if float(gathered[:, 3].min()) >= 0 else None
+        return own_step_times(list(gathered[:, 0]), list(gathered[:, 1]), stamped)
+
+    def _reset_window(self) -> None:
+        self._in_step = self._cycle = self._compute = 0.0
+        self._timed = self._computed = 0
 
     def _group_paced_times(self, policy: SpeedProportionalAverage) -> Optional[List[float]]:
         """In a speed-proportional hybrid phase: each rank at its group's pace, as the last
         round measured and shared it (a group runs at its slowest rank's pace; the wait at
         the rounds is left out). No message: every rank holds the same figures."""
-        self._in_step = self._cycle = 0.0
-        self._timed = 0
+        self._reset_window()
         step_times = policy.recorded_plan_inputs()[0]
         if not len(step_times) or float(step_times[-1].min()) <= 0.0:
             return None
