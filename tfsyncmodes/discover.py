@@ -70,12 +70,12 @@ def run_script(script: str, default_slots: int, timeout: float) -> dict[str, int
             process.communicate()
             raise ConfigError(source, "script", f"did not finish in {timeout:g} s",
                               "make it print the hosts and exit (horovodrun runs it every second)") from None
-    done = subprocess.CompletedProcess(script, process.returncode, stdout, stderr)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [""])[-1]
-        raise ConfigError(source, "exit status", f"{done.returncode} ({last})" if last else str(done.returncode),
+    if process.returncode != 0:
+        last = (stderr.strip().splitlines() or [""])[-1]
+        status = f"{process.returncode} ({last})" if last else str(process.returncode)
+        raise ConfigError(source, "exit status", status,
                           "horovodrun stops the job at the first discovery that fails: make it exit 0")
-    hosts = parse(done.stdout, source, default_slots)
+    hosts = parse(stdout, source, default_slots)
     if not hosts:
         raise ConfigError(source, "output", "names no host", FIX)
     return hosts

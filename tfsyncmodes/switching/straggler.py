@@ -32,8 +32,9 @@ A rank slowed *inside* the train function (slow kernels, an input pipeline read 
 makes its peers wait for just as long inside theirs, so host timing cannot tell it from them.
 Each rank therefore also takes its own compute from the step: the exchange's
 :class:`~tfsyncmodes.exchange.clock.ComputeClock` stamps when its gradients are ready, before any
-collective, and a rank's own time per step is its time between steps plus that stamp less the
-step's start (:func:`~tfsyncmodes.switching.decision.own_step_times`).
+collective, and a rank's own time per step is its time between steps, plus that stamp less the
+step's start, plus what the step costs after the gradients for the rank that waits least
+(:func:`~tfsyncmodes.switching.decision.own_step_times`).
 """
 from __future__ import annotations
 
