@@ -110,3 +110,11 @@ def test_the_command_prints_hosts_or_one_line_and_exit_2(tmp_path):
                            "give the path of the discovery script"]
     none = cli()
     assert none.returncode == 2 and len(errors(none)) == 1 and "--check" in errors(none)[0], none.stderr
+
+
+def test_importing_the_check_leaves_any_parse_of_the_flags_valid():
+    # Tests and users' scripts parse absl's global flags in the process that imported this
+    # module: its --check must not be a required flag there.
+    from absl import flags
+
+    flags.FLAGS.validate_all_flags()

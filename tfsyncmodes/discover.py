@@ -26,7 +26,6 @@ from absl import flags
 from tfsyncmodes.errors import ConfigError, run
 
 flags.DEFINE_string("check", None, "Run this discovery script once, check its output and print its hosts.")
-flags.mark_flag_as_required("check")
 flags.DEFINE_integer("slots", 1, "Slots of a host named without ':slots' (horovodrun's --slots).", lower_bound=1)
 flags.DEFINE_float("timeout", 10.0, "Seconds the script may take.", lower_bound=0.1)
 FLAGS = flags.FLAGS
@@ -83,6 +82,8 @@ def run_script(script: str, default_slots: int, timeout: float) -> dict[str, int
 
 def main(argv) -> None:
     del argv
+    if not FLAGS.check:  # not absl's required flag: its validator would fail any parse of the flags
+        raise ConfigError("flag", "--check", "is required", "name the discovery script: --check ./discover.sh")
     for host, slots in run_script(FLAGS.check, FLAGS.slots, FLAGS.timeout).items():
         print(f"{host}:{slots}")
 
