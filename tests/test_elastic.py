@@ -114,13 +114,16 @@ def test_elastic_hybrid_regroups_when_a_rank_is_lost(tmp_path):
 
 @pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
 def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path, legacy):
+    """The rank is added after step 9 of epoch 1, when the next commit (every 4 steps) would be
+    the epoch's last step, 12: the change lands at the epoch's end instead, and the new world
+    starts epoch 2 (resuming "at step 12" of a 12-step epoch hung under Keras 3)."""
     script, hosts = discovery(tmp_path, NAMES[:2])
-    ranks, output, _ = elastic_job(tmp_path, script, 2, ELASTIC_ADD=f"0:{hosts}:{NAMES[2]}:1",
+    ranks, output, _ = elastic_job(tmp_path, script, 2, ELASTIC_ADD=f"1:9:{hosts}:{NAMES[2]}:1",
                                    TF_USE_LEGACY_KERAS=legacy)
-    assert "tfsyncmodes: world 2 -> 3 at epoch" in output, output[-4000:]
+    assert "tfsyncmodes: world 2 -> 3 at epoch 2 step 0" in output, output[-4000:]
     # The new rank started from other weights (seeded by rank) and ends with the others'.
     history = check_one_model_all_steps(ranks, 3)
-    assert history["world_size"][0] == 2.0 and history["world_size"][-1] == 3.0
+    assert history["world_size"] == [2.0, 2.0, 3.0, 3.0]
 
 
 def test_elastic_outside_horovodrun_elastic_mode_is_one_line_and_exit_2():

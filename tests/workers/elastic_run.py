@@ -5,8 +5,9 @@ Environment: ELASTIC_OUT (a directory: each rank still there at the end writes
 ``rank<R>.npz`` with its weights, its optimizer's step count and the History), ELASTIC_KILL
 ``SIZE:EPOCH:STEP`` (the last rank of a world of SIZE exits at once before that step; the time
 of the exit and of the first step finished in the new world are printed),
-ELASTIC_ADD ``EPOCH:FILE:LINE`` (rank 0 appends LINE to the discovery script's FILE at the end
-of that epoch), ELASTIC_EPOCHS, ELASTIC_STEPS; the mode and its knobs from TFSYNC_* (hybrid: the
+ELASTIC_ADD ``EPOCH:STEP:FILE:LINE`` (rank 0 appends LINE to the discovery script's FILE after
+that step of that epoch, then waits ADD_WAIT s so that Horovod's driver has seen it before the
+next step), ELASTIC_EPOCHS, ELASTIC_STEPS; the mode and its knobs from TFSYNC_* (hybrid: the
 npz also has ``groups``, the number of groups the cross-group exchange links at the end; every
 run its final ``learning_rate``). The optimizer is SGD at LEARNING_RATE."""
 import json
@@ -16,7 +17,7 @@ import time
 
 import numpy as np
 
-FEATURES, CLASSES, PER_RANK_BATCH, LEARNING_RATE = 8, 3, 16, 0.5
+FEATURES, CLASSES, PER_RANK_BATCH, LEARNING_RATE, ADD_WAIT = 8, 3, 16, 0.5, 4.0
 
 
 def data(rows=4096, seed=0):
@@ -60,20 +61,18 @@ def main():
                     os._exit(1)
 
         def on_train_batch_end(self, batch, logs=None):
-            if os.environ.get("ELASTIC_ADD"):
-                time.sleep(0.2)  # slow enough for the driver to see the new host mid-run
+            add = os.environ.get("ELASTIC_ADD")
+            if add and hvd.rank() == 0 and hvd.size() == 2:
+                epoch, step, path, line = add.split(":", 3)
+                if (self.epoch, batch + 1) == (int(epoch), int(step)):
+                    with open(path, "a") as hosts:
+                        hosts.write(line + "\n")
+                    time.sleep(ADD_WAIT)  # the driver reads the script every second
             if hvd.size() != self.__dict__.setdefault("size", hvd.size()):
                 self.size = hvd.size()
                 if hvd.rank() == 0:
                     print(f"first step in a world of {self.size} at {time.time():.3f}", flush=True)
 
-        def on_epoch_end(self, epoch, logs=None):
-            add = os.environ.get("ELASTIC_ADD")
-            if add and hvd.rank() == 0:
-                at, path, line = add.split(":", 2)
-                if epoch == int(at) and hvd.size() == 2:
-                    with open(path, "a") as hosts:
-                        hosts.write(line + "\n")
 
     history = strategy.fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps,
                            callbacks=[Faults()], verbose=0)

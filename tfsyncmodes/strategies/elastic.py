@@ -73,11 +73,15 @@ def elastic_state(model, **values):
 class ElasticCommit(keras.callbacks.Callback):
     """Counts the steps of an attempt, commits the state at epoch ends (and every `every`
     steps), adds ``world_size`` to the epoch logs and keeps the committed epoch logs. A commit
-    waits for a step after which `commit_point()` is true (hybrid: a round boundary)."""
+    waits for a step after which `commit_point()` is true (hybrid: a round boundary).
 
-    def __init__(self, state, every, first_step: int, commit_point=lambda: True):
+    No commit lands on an epoch's last step (of `steps`): the epoch's end commits right after.
+    A world change noticed there would resume at step `steps` of an epoch with no step left,
+    and Keras 3 reads ``steps_per_epoch=0`` as "until the data end" (they repeat: a hang)."""
+
+    def __init__(self, state, every, first_step: int, steps: int, commit_point=lambda: True):
         super().__init__()
-        self.state, self.every, self.first_step = state, every, first_step
+        self.state, self.every, self.first_step, self.steps = state, every, first_step, steps
         self.commit_point, self.due = commit_point, False
 
     def _commit(self):
@@ -89,6 +93,8 @@ class ElasticCommit(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.state.batch = self.first_step + batch + 1
+        if self.state.batch >= self.steps:
+            return
         if self.due or (self.every != "epoch" and self.state.batch % int(self.every) == 0):
             self._commit()
 
@@ -131,7 +137,7 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
             model.optimizer.learning_rate.assign(state.base_lr * size / state.start_size)
         while state.epoch < epochs:
             first = state.batch
-            commit = ElasticCommit(state, config.elastic_commit, first,
+            commit = ElasticCommit(state, config.elastic_commit, first, steps_per_epoch,
                                    lambda: strategy.elastic_commit_point(model))
             # A part-done epoch is finished on its own, then the others run in one fit.
             last_epoch = state.epoch + 1 if first else epochs
