@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsyncmodes.exchange import communicators
-from tfsyncmodes.keras.compat import keras
+from tfsyncmodes.keras.compat import build_optimizer, keras
 
 
 class BroadcastInitialState(keras.callbacks.Callback):
@@ -31,8 +31,7 @@ class BroadcastInitialState(keras.callbacks.Callback):
             return
         model = self.model
         optimizer = model.optimizer
-        if optimizer is not None and hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
-            optimizer.build(model.trainable_variables)
+        build_optimizer(model)  # tf_keras says `_built`, not `built`
         variables = list(model.variables)
         if optimizer is not None:
             variables += list(optimizer.variables)
