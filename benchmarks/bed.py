@@ -215,7 +215,9 @@ def write(runs: dict, measured: float) -> None:
               "shaped": cal.tc_rate(FLAGS.link), "measured_mbit_s": round(measured / 1e6, 2),
               "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link), 1),
               "emulated_step_ms": cal.EMU_STEP_MS, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
-              "pareto_alpha": FLAGS.pareto_alpha, "async_on": "loopback (launcher), unshaped", "rows": rows,
+              "pareto_alpha": FLAGS.pareto_alpha,
+              "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs)),
+              "async_on": "loopback (launcher), unshaped", "rows": rows,
               "runs": [{"straggler": c, "mode": m, **run} for (c, m), done in runs.items() for run in done]}
     name = f"bed_{FLAGS.ranks}r_{FLAGS.link}{'' if FLAGS.compute == 'emulated' else '_real'}"
     os.makedirs(FLAGS.docs_dir, exist_ok=True)

@@ -11,9 +11,11 @@ overhead (which neither scales), gradients of ``emulated_parameters() * 4`` byte
 its measured rate (async: loopback, ``--loopback_gbit``, as the bed runs it), hybrid's period and
 local steps at the trainer's defaults (the bed passes neither), one ps. Conditions: persistent =
 rank 1 four times slower; heavy = Pareto(``pareto_alpha``) per-step factors of mean 1;
-transient = four times slower in the middle third of its steps, priced as the time-weighted mix
-of the persistent and the undisturbed job (exact for sync, whose ranks step together; an
-approximation for hybrid and async). ``--compute=real`` files (no wait) enter the fit only; rows
+transient = four times slower for a window of W seconds (``transient_window_s``): the run's
+N samples take W + (N - r_slow W) / r_fast seconds, with r_slow the persistent job's rate and
+r_fast the undisturbed one's (files from before the window was in seconds: slow in the middle
+third of its steps, the time-weighted mix of the two rates; exact for sync, whose ranks step
+together, an approximation for hybrid and async). ``--compute=real`` files (no wait) enter the fit only; rows
 of modes the model does not price (the switch policy) are listed without a prediction. Measured
 is the steady rate (after the first epoch) where the bed recorded it, else the whole run's.
 
@@ -105,11 +107,26 @@ def emulated(bed: dict) -> bool:
 
 
 def transient_fraction(bed: dict, settings: Settings = DEFAULT) -> float:
-    """The share of its steps the transient straggler is slow (from the bed's own flags)."""
+    """The share of its steps the transient straggler is slow, in a file whose window is in steps."""
     steps = cal.TRAIN_SAMPLES // settings.batch_size * bed["epochs"]
-    flag = cal.straggler_flags("transient", steps, 2.0)[0]
-    first, end = (int(v) for v in re.fullmatch(r"--compute_slow_worker=\d+:[\d.]+:(\d+):(\d+)", flag).groups())
-    return (end - first) / steps
+    first = steps // 3
+    return (max(first + 1, 2 * steps // 3) - first) / steps
+
+
+def measured_samples(bed: dict, settings: Settings = DEFAULT) -> int:
+    """The samples the measured rate covers: every epoch's but the first (the steady rate)."""
+    return cal.TRAIN_SAMPLES // settings.batch_size * settings.batch_size * (bed["epochs"] - 1)
+
+
+def transient_rate(bed: dict, slow: float, fast: float, settings: Settings = DEFAULT) -> float:
+    """The rate of a run slowed to `slow` samples/s in the transient window, `fast` outside it."""
+    if "transient_window_s" not in bed:
+        share = transient_fraction(bed, settings)
+        return 1.0 / (share / slow + (1 - share) / fast)
+    first, end = bed["transient_window_s"]
+    samples = measured_samples(bed, settings)
+    in_window = min(samples, slow * (end - first))
+    return samples / (in_window / slow + (samples - in_window) / fast)
 
 
 def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
@@ -134,8 +151,7 @@ def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: fl
     if condition != "transient":
         return rate
     fast = costs.predict(job(bed, mode, "none", alpha_s, overhead_s, settings))[mode]
-    share = transient_fraction(bed, settings)
-    return 1.0 / (share / rate + (1 - share) / fast)
+    return transient_rate(bed, rate, fast, settings)
 
 
 def sync_point(bed: dict, row: dict, settings: Settings = DEFAULT) -> Optional[tuple]:
@@ -153,8 +169,13 @@ def sync_point(bed: dict, row: dict, settings: Settings = DEFAULT) -> Optional[t
         return float(costs.compute_seconds(job(bed, "sync", condition, 0.0, 0.0, settings)).max(axis=1).mean())
 
     waits = wait(row["straggler"])
-    if row["straggler"] == "transient":
-        share = transient_fraction(bed, settings)
+    if row["straggler"] == "transient":  # the share of its steps sync ran slowed
+        if "transient_window_s" in bed:
+            first, end = bed["transient_window_s"]
+            # its slowed steps each wait at least the slow rank's compute: at most W / that of them
+            share = min(1.0, (end - first) / waits / (measured_samples(bed, settings) / settings.batch_size))
+        else:
+            share = transient_fraction(bed, settings)
         waits = share * waits + (1 - share) * wait("none")
     link = min(bed["measured_mbit_s"] / 1e3, settings.loopback_gbit)
     data = costs.allreduce_seconds(ranks, cal.emulated_parameters() * 4, link, 0.0)

@@ -46,6 +46,12 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
     share = (44 - 22) / 66
     want = 1 / (share / sync_rate(4, 4 * WAIT) + (1 - share) / sync_rate(4, WAIT))
     assert bed_model.predict(small, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
+    # A window of W seconds (beds since it is in seconds): the 2 epochs measured, 2 * 22 * 64
+    # samples, take W + (N - r_slow W) / r_fast seconds.
+    timed = dict(small, transient_window_s=[1.1, 2.2])
+    n, slow, fast = 2 * 22 * 64, sync_rate(4, 4 * WAIT), sync_rate(4, WAIT)
+    want = n / (1.1 + (n - slow * 1.1) / fast)
+    assert bed_model.predict(timed, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
     heavy = bed_model.job(small, "sync", "heavy", ALPHA, OVERHEAD)
     assert (heavy.pareto_alpha, heavy.straggler, heavy.tail_sigma) == (2.0, 1.0, 0.0)
     # async: on loopback, each worker its own pace, one ps
@@ -134,3 +140,17 @@ def test_bad_input_is_one_line_with_status_2(tmp_path):
         errors = [l for l in result.stderr.splitlines() if l.startswith("benchmarks.bed_model: error:")]
         assert len(errors) == 1 and says in errors[0] and str(path) in errors[0], result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_a_sync_row_is_a_fit_point_of_its_step_less_waits_and_bytes():
+    """y = measured step - the slowest rank's wait - the ring's bytes; a transient row's wait is
+    the slow one for the share of its steps the window can hold (W / slow wait of N / 64)."""
+    small = dict(bed(rows=()), transient_window_s=[1.1, 2.2])
+    data = 2 * 3 / 4 * B * 8 / (MBIT * 1e6)
+    hops, y = bed_model.sync_point(small, {"straggler": "none", "mode": "sync", "samples_per_s": 400.0})
+    assert (hops, y) == (6, pytest.approx(64 / 400.0 - WAIT - data, rel=1e-9))
+    share = 1.1 / (4 * WAIT) / (2 * 22 * 64 / 64)
+    hops, y = bed_model.sync_point(small, {"straggler": "transient", "mode": "sync", "samples_per_s": 300.0})
+    want = 64 / 300.0 - (share * 4 * WAIT + (1 - share) * WAIT) - data
+    assert (hops, y) == (6, pytest.approx(want, rel=1e-9))
+    assert bed_model.sync_point(small, {"straggler": "none", "mode": "hybrid", "samples_per_s": 1.0}) is None

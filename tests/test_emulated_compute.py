@@ -72,6 +72,25 @@ def test_transient_slow_window_covers_its_steps_on_its_worker_only():
     assert [float(f) for f in emulated_compute.factors_dataset(persistent, None, 0, 2).take(3)] == [3.0] * 3
 
 
+def test_a_transient_window_in_seconds_follows_the_clock():
+    """A window of 0.25 s to 0.55 s after the first step, read every 0.1 s: the factor is 4
+    exactly where the time since the first read (NumPy) is inside it, on worker 1 only."""
+    slow = emulated_compute.parse_slow("1:4:0.25s:0.55s")
+    assert slow[2:] == (0.25, 0.55, True)
+    # Read as the trainer reads them: one at a time (tf.data would otherwise read one ahead).
+    iterators = {w: iter(emulated_compute._in_step(emulated_compute.factors_dataset(slow, None, 0, w)))
+                 for w in (0, 1)}
+    stamps, factors = [], {0: [], 1: []}
+    for _ in range(9):
+        stamps.append(time.time())
+        for worker, iterator in iterators.items():
+            factors[worker].append(float(next(iterator)))
+        time.sleep(0.1)
+    elapsed = np.asarray(stamps) - stamps[0]
+    assert factors[1] == list(np.where((elapsed >= 0.25) & (elapsed < 0.55), 4.0, 1.0)), (elapsed, factors)
+    assert factors[1].count(4.0) == 3 and factors[0] == [1.0] * 9
+
+
 @pytest.mark.parametrize("spec", ["weibull:1", "pareto:1", "pareto:x", "lognormal:0", "lognormal:nan", "pareto"])
 def test_bad_jitter_is_one_line_naming_the_flag(spec):
     with pytest.raises(emulated_compute.ConfigError) as raised:
@@ -79,7 +98,8 @@ def test_bad_jitter_is_one_line_naming_the_flag(spec):
     assert str(raised.value).startswith("flag: --compute_jitter: ") and "\n" not in str(raised.value)
 
 
-@pytest.mark.parametrize("spec", ["1", "1:0.5", "-1:2", "1:4:5:5", "1:4:5", "1:4:-1:3", "1:inf"])
+@pytest.mark.parametrize("spec", ["1", "1:0.5", "-1:2", "1:4:5:5", "1:4:5", "1:4:-1:3", "1:inf", "1:4:5s:5s",
+                                  "1:4:5s:9", "1:4:1s:infs"])
 def test_bad_slow_worker_is_one_line_naming_the_flag(spec):
     with pytest.raises(emulated_compute.ConfigError) as raised:
         emulated_compute.parse_slow(spec)

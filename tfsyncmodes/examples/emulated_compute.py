@@ -1,7 +1,8 @@
 """The example trainer's emulated compute: its flags, their checks, and the per-step waits.
 
     --compute_ms=MS                      a step on --batch_size samples waits MS milliseconds
-    --compute_slow_worker=I:F[:FROM:TO]  worker I waits F times as long (only in steps [FROM, TO))
+    --compute_slow_worker=I:F[:FROM:TO]  worker I waits F times as long (only in steps [FROM, TO),
+                                         or FROMs:TOs, seconds after its first step)
     --compute_jitter=lognormal:SIGMA     every step's wait times a random factor of mean 1
     --compute_jitter=pareto:ALPHA        (lognormal: mu = -SIGMA^2/2; Pareto: x_m = (ALPHA-1)/ALPHA)
 
@@ -13,7 +14,10 @@ it), so a waiting worker holds no core. Step i of worker w waits
 where jitter(w, i) is drawn from TensorFlow's stateless random ops seeded with (--seed, w, i):
 the same run draws the same delays, and :func:`jitter_factors` gives them without sleeping (its
 distribution is checked against NumPy's in tests/test_emulated_compute.py). The step index
-counts the batches the worker's input pipeline hands out.
+counts the batches the worker's input pipeline hands out. A window in seconds (``1:4:20s:40s``)
+is read from the clock when a step asks for its wait, from the worker's first step: it covers
+the same stretch of time in every mode, where a window of steps lasts longer in a mode that
+runs the slow worker's steps at its own pace (hybrid) than in one that waits for it (sync).
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ flags.DEFINE_float("compute_ms", 0.0,
                    "model's compute; a worker whose batch is a part of that waits that part of it.")
 flags.DEFINE_string("compute_slow_worker", "",
                     "With --compute_ms: 'INDEX:FACTOR' makes worker INDEX wait FACTOR times as long; "
-                    "'INDEX:FACTOR:FROM:TO' only in its steps FROM..TO-1 (a transient straggler).")
+                    "'INDEX:FACTOR:FROM:TO' only in its steps FROM..TO-1 (a transient straggler); "
+                    "'INDEX:FACTOR:FROMs:TOs' from FROM to TO seconds after its first step.")
 flags.DEFINE_string("compute_jitter", "",
                     "With --compute_ms: every step's wait times a random factor of mean 1, seeded by "
                     "--seed, the worker and the step: 'lognormal:SIGMA' (SIGMA > 0) or 'pareto:ALPHA' "
@@ -42,22 +47,28 @@ JITTER_KINDS = {"lognormal": (0.0, "SIGMA > 0, e.g. lognormal:0.5"), "pareto": (
 
 
 def parse_slow(spec: str):
-    """(index, factor, first, end) of --compute_slow_worker (end None: to the end); '' -> None."""
+    """(index, factor, first, end, seconds) of --compute_slow_worker (end None: to the end;
+    seconds: the window is in seconds after the worker's first step, not in steps); '' -> None."""
     if not spec:
         return None
     parts = spec.split(":")
-    fix = "use INDEX:FACTOR or INDEX:FACTOR:FROM:TO with INDEX >= 0, FACTOR >= 1, 0 <= FROM < TO, e.g. 1:4:20:60"
+    fix = ("use INDEX:FACTOR, INDEX:FACTOR:FROM:TO (steps) or INDEX:FACTOR:FROMs:TOs (seconds) with "
+           "INDEX >= 0, FACTOR >= 1, 0 <= FROM < TO, e.g. 1:4:20:60 or 1:4:10s:30s")
+    seconds = len(parts) == 4 and parts[2].endswith("s") and parts[3].endswith("s")
     try:
         if len(parts) not in (2, 4):
             raise ValueError
         index, factor = int(parts[0]), float(parts[1])
-        first, end = (int(parts[2]), int(parts[3])) if len(parts) == 4 else (0, None)
-        valid = index >= 0 and math.isfinite(factor) and factor >= 1.0 and 0 <= first and (end is None or end > first)
+        window = [part[:-1] if seconds else part for part in parts[2:]]
+        kind = float if seconds else int
+        first, end = (kind(window[0]), kind(window[1])) if window else (0, None)
+        valid = (index >= 0 and math.isfinite(factor) and factor >= 1.0 and 0 <= first
+                 and (end is None or (math.isfinite(end) and end > first)))
     except ValueError:
         valid = False
     if not valid:
         raise ConfigError("flag", "--compute_slow_worker", f"{spec!r} is not accepted", fix)
-    return index, factor, first, end
+    return index, factor, first, end, seconds
 
 
 def parse_jitter(spec: str):
@@ -95,22 +106,32 @@ def _jitter(kind: str, parameter: float, seed, worker, step):
 
 
 def factors_dataset(slow, jitter, seed: int, worker) -> tf.data.Dataset:
-    """Step i's factor slow(worker, i) * jitter(worker, i), for i = 0, 1, ... (float64)."""
+    """Step i's factor slow(worker, i) * jitter(worker, i), for i = 0, 1, ... (float64). A window
+    in seconds is placed by the time each factor is asked for, from when the first one was."""
     worker = tf.cast(worker, tf.int64)
 
-    def factor(step):
+    def factor(step, elapsed):
         value = tf.constant(1.0, tf.float64)
         if slow is not None:
-            index, slow_factor, first, end = slow
-            inside = tf.logical_and(tf.equal(worker, index), step >= first)
+            index, slow_factor, first, end, seconds = slow
+            at = elapsed if seconds else step
+            inside = tf.logical_and(tf.equal(worker, index), at >= first)
             if end is not None:
-                inside = tf.logical_and(inside, step < end)
+                inside = tf.logical_and(inside, at < end)
             value *= 1.0 + tf.cast(inside, tf.float64) * (slow_factor - 1.0)
         if jitter is not None:
             value *= _jitter(*jitter, seed, worker, step)
         return value
 
-    return tf.data.Dataset.counter(dtype=tf.int64).map(factor)
+    def clock(start, step):
+        now = tf.timestamp()
+        start = tf.where(start < 0.0, now, start)
+        return start, factor(step, now - start)
+
+    steps = tf.data.Dataset.counter(dtype=tf.int64)
+    if slow is not None and slow[4]:
+        return steps.scan(tf.constant(-1.0, tf.float64), clock)
+    return steps.map(lambda step: factor(step, tf.constant(0.0, tf.float64)))
 
 
 def jitter_factors(spec: str, seed: int, worker: int, steps: int):
