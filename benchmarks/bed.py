@@ -91,7 +91,7 @@ def train_flags(mode: str, condition: str, work: str) -> list:
     out += FLAGS.extra_flags.split()
     if FLAGS.compute == "emulated":  # a step on the global batch: every rank's part waits EMU_STEP_MS
         out.append(f"--compute_ms={cal.EMU_STEP_MS * (FLAGS.ranks if horovod else 1):g}")
-        out += cal.straggler_flags(condition, steps_per_worker, FLAGS.pareto_alpha)
+        out += cal.straggler_flags(condition, steps_per_worker, FLAGS.pareto_alpha, FLAGS.ranks, FLAGS.link)
     elif condition != "none":
         out += {"persistent": ["--sync_slow_worker=1:4"]}.get(condition, [])
     return out
@@ -216,7 +216,8 @@ def write(runs: dict, measured: float) -> None:
               "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link), 1),
               "emulated_step_ms": cal.EMU_STEP_MS, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
               "pareto_alpha": FLAGS.pareto_alpha,
-              "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs)),
+              "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
+                                                                      FLAGS.ranks, FLAGS.link)),
               "async_on": "loopback (launcher), unshaped", "rows": rows,
               "runs": [{"straggler": c, "mode": m, **run} for (c, m), done in runs.items() for run in done]}
     name = f"bed_{FLAGS.ranks}r_{FLAGS.link}{'' if FLAGS.compute == 'emulated' else '_real'}"

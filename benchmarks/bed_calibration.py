@@ -26,9 +26,9 @@ of the named setting do: sync's comm per step is 1.5 * 340,008 B / rate_emu = 30
 CPU time (a few ms per step, which the 10gbit class feels most), and the per-tensor framing.
 
 Straggler conditions (rank/worker 1 is the straggler, 4x, as the trainer's flags say):
-  none, persistent (--compute_slow_worker=1:4), transient (1:4:FROMs:TOs: the middle third of a
-  straggler-free run's compute time, in seconds after each worker's first step, so that it
-  covers the same time in every mode; a window of steps lasted longer under hybrid, whose slow
+  none, persistent (--compute_slow_worker=1:4), transient (1:4:FROMs:TOs, seconds after each
+  worker's first step: the time sync takes for the middle third of its steps, so that sync
+  meets what a window of steps gave it and every other mode the same stretch of time; a window of steps lasted longer under hybrid, whose slow
   worker runs its own steps at its own pace, than under sync), heavy (--compute_jitter=pareto:ALPHA on every worker: Pareto per-step
   times, the heavy-tailed execution-time model that Wang, Joshi and Wornell analyse for
   straggling tasks against Google's cluster trace, "Efficient Straggler Replication in
@@ -77,21 +77,27 @@ def ring_comm_seconds(ranks: int, link: str) -> float:
     return 2 * (ranks - 1) / ranks * emulated_parameters() * 4 * 8 / link_bits_per_second(link)
 
 
-def transient_window_seconds(steps_per_worker: int) -> tuple:
-    """(from, to): the transient straggler's window in seconds after a worker's first step, the
-    middle third of `steps_per_worker` steps of EMU_STEP_MS each."""
-    compute = steps_per_worker * EMU_STEP_MS / 1000.0
-    return round(compute / 3, 2), round(2 * compute / 3, 2)
+def transient_window_seconds(steps_per_worker: int, ranks: int, link: str) -> tuple:
+    """(from, to): the transient straggler's window in seconds after a worker's first step: the
+    time sync would take for the middle third of `steps_per_worker` steps (each its compute and
+    its expected allreduce), the slow rank 4x slow in it. Sync meets the condition a window of
+    steps gave it; other modes meet the same stretch of time."""
+    third = steps_per_worker / 3
+    comm = ring_comm_seconds(ranks, link)
+    first = third * (EMU_STEP_MS / 1000.0 + comm)
+    return round(first, 2), round(first + third * (SLOW_FACTOR * EMU_STEP_MS / 1000.0 + comm), 2)
 
 
-def straggler_flags(condition: str, steps_per_worker: int, pareto_alpha: float) -> list:
-    """The trainer flags of a straggler condition, for a run of `steps_per_worker` steps."""
+def straggler_flags(condition: str, steps_per_worker: int, pareto_alpha: float, ranks: int = 4,
+                    link: str = "10gbit") -> list:
+    """The trainer flags of a straggler condition, for a run of `steps_per_worker` steps of
+    `ranks` ranks on `link` (the transient window's length depends on both)."""
     if condition == "none":
         return []
     if condition == "persistent":
         return [f"--compute_slow_worker=1:{SLOW_FACTOR}"]
     if condition == "transient":
-        first, end = transient_window_seconds(steps_per_worker)
+        first, end = transient_window_seconds(steps_per_worker, ranks, link)
         return [f"--compute_slow_worker=1:{SLOW_FACTOR}:{first:g}s:{end:g}s"]
     if condition == "heavy":
         return [f"--compute_jitter=pareto:{pareto_alpha:g}"]
