@@ -188,3 +188,23 @@ def test_horovod_environment():
     assert cluster.horovod_env({}) is None
     with pytest.raises(ConfigError, match="HOROVOD_RANK"):
         cluster.horovod_env({"HOROVOD_RANK": "5", "HOROVOD_SIZE": "4"})
+
+
+@pytest.mark.parametrize("names", [
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")], ids=["open-mpi", "mpich"])
+def test_mpirun_environments_give_the_rank_and_size(names):
+    """Under ``horovodrun --mpi`` (or ``mpirun``) the coordinates come from Open MPI's or
+    MPICH's variables; a local size left out is the world's; a bad value names its variable."""
+    rank, size, local_rank, local_size = names
+    env = cluster.horovod_env({rank: "3", size: "8", local_rank: "1", local_size: "4"})
+    assert (env.rank, env.size, env.local_rank, env.local_size) == (3, 8, 1, 4)
+    env = cluster.horovod_env({rank: "2", size: "3"})
+    assert (env.rank, env.size, env.local_rank, env.local_size) == (2, 3, 0, 3)
+    with pytest.raises(ConfigError, match=size):
+        cluster.horovod_env({rank: "0", size: "four"})
+    with pytest.raises(ConfigError, match=rank):
+        cluster.horovod_env({rank: "8", size: "8"})
+    # horovodrun's own variables win over the MPI launcher's
+    env = cluster.horovod_env({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", rank: "3", size: "8"})
+    assert (env.rank, env.size) == (1, 2)
