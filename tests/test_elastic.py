@@ -1,6 +1,6 @@
-"""Elastic sync (``--sync_elastic``) under ``horovodrun --min-np/--max-np --host-discovery-script``
-on loopback: a rank that dies mid-epoch, a rank the discovery script adds, and the knob refused
-outside horovodrun's elastic mode.
+"""Elastic sync and hybrid (``--sync_elastic``) under ``horovodrun --min-np/--max-np
+--host-discovery-script`` on loopback: a rank that dies mid-epoch, a rank the discovery script
+adds (sync and hybrid), and the knob refused outside horovodrun's elastic mode.
 
 The discovery script names this one machine three ways (localhost, 127.0.0.1, its host name),
 one slot each: Horovod's driver blacklists the host of a failed rank, and with one name per
@@ -124,6 +124,19 @@ def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path, legacy)
     # The new rank started from other weights (seeded by rank) and ends with the others'.
     history = check_one_model_all_steps(ranks, 3)
     assert history["world_size"] == [2.0, 2.0, 3.0, 3.0]
+
+
+@pytest.mark.timeout(400)
+def test_a_rank_the_discovery_script_adds_joins_a_hybrid_job_as_its_own_group(tmp_path):
+    """Hybrid, one group per host: the rank on the added host name becomes a third group at the
+    epoch's end; every rank ends with one model, every step, and the exchange links 3 groups."""
+    script, hosts = discovery(tmp_path, NAMES[:2])
+    ranks, output, _ = elastic_job(tmp_path, script, 2, timeout=300, ELASTIC_ADD=f"1:9:{hosts}:{NAMES[2]}:1",
+                                   TFSYNC_MODE="hybrid", TFSYNC_PERIOD=COMMIT)
+    assert "tfsyncmodes: world 2 -> 3 at epoch 2 step 0 groups [[0],[1],[2]]" in output, output[-4000:]
+    history = check_one_model_all_steps(ranks, 3)
+    assert history["world_size"] == [2.0, 2.0, 3.0, 3.0]
+    assert [int(rank["groups"]) for rank in ranks.values()] == [3, 3, 3]
 
 
 def test_elastic_outside_horovodrun_elastic_mode_is_one_line_and_exit_2():
