@@ -28,8 +28,9 @@ CPU time (a few ms per step, which the 10gbit class feels most), and the per-ten
 Straggler conditions (rank/worker 1 is the straggler, 4x, as the trainer's flags say):
   none, persistent (--compute_slow_worker=1:4), transient (1:4:FROMs:TOs, seconds after each
   worker's first step: the time sync takes for the middle third of its steps, so that sync
-  meets what a window of steps gave it and every other mode the same stretch of time; a window of steps lasted longer under hybrid, whose slow
-  worker runs its own steps at its own pace, than under sync), heavy (--compute_jitter=pareto:ALPHA on every worker: Pareto per-step
+  meets what a window of steps gave it and every other mode the same stretch of time; a window
+  of steps lasted longer under hybrid, whose slow worker runs its own steps at its own pace,
+  than under sync), heavy (--compute_jitter=pareto:ALPHA on every worker: Pareto per-step
   times, the heavy-tailed execution-time model that Wang, Joshi and Wornell analyse for
   straggling tasks against Google's cluster trace, "Efficient Straggler Replication in
   Large-scale Parallel Computing", arXiv:1503.03128). ALPHA defaults to 2.0, our choice: no

@@ -15,9 +15,10 @@ transient = four times slower for a window of W seconds (``transient_window_s``)
 N samples take W + (N - r_slow W) / r_fast seconds, with r_slow the persistent job's rate and
 r_fast the undisturbed one's (files from before the window was in seconds: slow in the middle
 third of its steps, the time-weighted mix of the two rates; exact for sync, whose ranks step
-together, an approximation for hybrid and async). ``--compute=real`` files (no wait) enter the fit only; rows
-of modes the model does not price (the switch policy) are listed without a prediction. Measured
-is the steady rate (after the first epoch) where the bed recorded it, else the whole run's.
+together, an approximation for hybrid and async). ``--compute=real`` files (no wait) enter the
+fit only; rows of modes the model does not price (the switch policy) are listed without a
+prediction. Measured is the steady rate (after the first epoch) where the bed recorded it, else
+the whole run's.
 
 The fit: α (the latency of one ring hop) and the per-step overhead come from the **sync rows
 only**, by least squares (NumPy) on
@@ -36,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import sys
 from typing import Dict, List, Optional
 
