@@ -32,11 +32,16 @@ def check_mean_gradient_training(workers, steps, optimizer, tolerance):
         np.testing.assert_array_equal(w["bias"], workers[0]["bias"])
 
 
-def timeline_allreduces(path):
-    """{tensor name: number of ALLREDUCE operations} from a Horovod timeline (rank 0 writes it;
-    each tensor of a collective gets its own row, named after the op)."""
+def timeline_events(path):
+    """The events of a Horovod timeline (rank 0 writes it; the file may lack its closing bracket)."""
     text = path.read_text().rstrip().rstrip(",")
-    events = json.loads(text if text.endswith("]") else text + "]")
+    return json.loads(text if text.endswith("]") else text + "]")
+
+
+def timeline_allreduces(path):
+    """{tensor name: number of ALLREDUCE operations} from a Horovod timeline (each tensor of a
+    collective gets its own row, named after the op)."""
+    events = timeline_events(path)
     names = {e["pid"]: e["args"]["name"] for e in events
              if e.get("name") == "process_name" and "name" in e.get("args", {})}
     counts = {}
@@ -49,9 +54,7 @@ def timeline_allreduces(path):
 def timeline_broadcasts(path):
     """The number of BROADCAST operations in a Horovod timeline (eager broadcasts, as the initial
     state's are, all show as ``HorovodBroadcast``)."""
-    text = path.read_text().rstrip().rstrip(",")
-    events = json.loads(text if text.endswith("]") else text + "]")
-    return sum(1 for e in events if e.get("ph") == "B" and e.get("name") == "BROADCAST")
+    return sum(1 for e in timeline_events(path) if e.get("ph") == "B" and e.get("name") == "BROADCAST")
 
 
 def check_one_grouped_allreduce_per_step(timeline, steps, num_variables, epoch_metrics):

@@ -73,7 +73,6 @@ def main():
                 if hvd.rank() == 0:
                     print(f"first step in a world of {self.size} at {time.time():.3f}", flush=True)
 
-
     history = strategy.fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps,
                            callbacks=[Faults()], verbose=0)
     out = os.environ["ELASTIC_OUT"]
