@@ -12,7 +12,7 @@ import socket
 import psutil
 import pytest
 
-from tfsync_testbed import localrun
+from tfsync_testbed import localrun, warmrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "tests", "workers")
@@ -35,6 +35,19 @@ def clean_env(**extra):
     env[OWNER_VAR] = OWNER
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def trainer_runs(cases, timeout=60):
+    """The example trainer's program (scripts/train.py) once per case, ``{name: (args, env)}``:
+    each run a process of its own with `args` after the program's name and `env` added to
+    :func:`clean_env`, forked from one process that imported the program once
+    (:mod:`tfsync_testbed.warmrun`). Returns ``{name: CompletedProcess}``."""
+    names = list(cases)
+    runs = [{"argv": ["train.py", *cases[name][0]], "env": {k: str(v) for k, v in cases[name][1].items()}}
+            for name in names]
+    results = warmrun.run_cases("tfsyncmodes.examples.train:main", runs, env=clean_env(), cwd=REPO,
+                                timeout=timeout)
+    return dict(zip(names, results))
 
 
 def tf_config(cluster, task_type, index):

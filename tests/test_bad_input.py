@@ -60,7 +60,7 @@ import os
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, clean_env
+from tests.conftest import PYTHON, REPO, clean_env, trainer_runs
 from tfsyncmodes import cluster, config, knobs
 from tfsyncmodes import flags as flag_defs
 from tfsyncmodes.knob_types import Boolean, Choice, Number, Text
@@ -144,8 +144,9 @@ def one_clear_error(result):
     return errors[0]
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("args, words", [
+# Each case a process of its own, forked from one that imported the trainer once
+# (conftest.trainer_runs); the TF_CONFIG port below runs scripts/train.py whole.
+BAD_TRAIN_FLAGS = [
     (["--epochs=0"], ["flag: --epochs: 0 is too small", ">= 1"]),
     (["--epochs=abc"], ["--epochs=abc", "--helpfull"]),
     (["--no_such_flag=1"], ["no_such_flag"]),
@@ -160,10 +161,18 @@ def one_clear_error(result):
     (["--learning_rate=nan"], ["flag: --learning_rate: nan is not a finite number"]),
     (["--compute_jitter=weibull:1"], ["flag: --compute_jitter: 'weibull:1' names no distribution", "pareto:ALPHA"]),
     (["--compute_slow_worker=1:4:5:5"], ["flag: --compute_slow_worker: '1:4:5:5' is not accepted", "FROM < TO"]),
-], ids=lambda value: value[0] if isinstance(value, list) else None)
-def test_bad_train_flags_are_one_line_with_status_2(args, words):
-    result = localrun.run([PYTHON, TRAIN, *args], timeout=120, env=clean_env(), cwd=REPO)
-    line = one_clear_error(result)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_train_flag_runs():
+    return trainer_runs({" ".join(args): (args, {}) for args, _ in BAD_TRAIN_FLAGS})
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("args, words", BAD_TRAIN_FLAGS, ids=lambda value: value[0] if isinstance(value, list) else None)
+def test_bad_train_flags_are_one_line_with_status_2(args, words, bad_train_flag_runs):
+    line = one_clear_error(bad_train_flag_runs[" ".join(args)])
     for word in words:
         assert word in line
 

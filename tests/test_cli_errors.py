@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, REUSE_PORT_ENV, clean_env, tf_config
+from tests.conftest import PYTHON, REPO, REUSE_PORT_ENV, clean_env, tf_config, trainer_runs
 from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
@@ -41,31 +41,44 @@ def worker_tf_config(take, *extra_roles):
     return cluster
 
 
+# Refused before any server starts: each case a process of its own, forked from one that imported
+# the trainer once (conftest.trainer_runs).
+REFUSALS = {
+    "flag-mode": (["--sync_mode=bogus"], {}, ["--sync_mode", "'bogus'", "sync, async, hybrid"]),
+    "env-mode": ([], {"TFSYNC_MODE": "bogus"}, ["TFSYNC_MODE", "sync, async, hybrid"]),
+    "backend": (["--sync_backend=gpu"], {}, ["--sync_backend", "auto, horovod, multi_worker, mirrored"]),
+    "old-sentinel": (["--sync_max_staleness=-1"], {}, [
+        "flag: --sync_max_staleness: '-1' is not accepted any more (it meant off); "
+        "use off or an integer in [0, 1073741824]"]),
+    "missing-config": (["--sync_config=/nonexistent/sync.yaml"], {},
+                       ["--sync_config", "/nonexistent/sync.yaml does not exist"]),
+    "config-unknown-key": (["--sync_config=tests/data/unknown_key.yaml"], {},
+                           ["bakend", "unknown key", "mode, backend"]),
+    "horovod-without-horovodrun": (["--sync_backend=horovod"], {},
+                                   ["horovod", "not started by horovodrun", "horovodrun -np"]),
+    "multi-worker-without-tf-config": (["--sync_backend=multi_worker"], {}, ["multi_worker", "TF_CONFIG is not set"]),
+    "bad-json": ([], {"TF_CONFIG": "{oops"}, ["TF_CONFIG", "not valid JSON"]),
+    "missing-task": ([], {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}'}, ["TF_CONFIG: task"]),
+    "index-range": ([], {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
+                                      '"task": {"type": "worker", "index": 5}}'}, ["task.index", "0..1"]),
+    "async-unset": (["--sync_mode=async"], {}, ["TF_CONFIG", "needs a cluster with chief, worker and ps",
+                                                 "tfsyncmodes.launch"]),
+    "async-role-twice": (["--sync_mode=async"], {
+        "TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, '
+                     '"task": {"type": "worker", "index": 0}}'}, ["TF_CONFIG", "worker", "is given twice"]),
+}
+
+
+@pytest.fixture(scope="module")
+def refusals():
+    return trainer_runs({name: (["--epochs=1", *args], {**REUSE_PORT_ENV, **env})
+                         for name, (args, env, _) in REFUSALS.items()})
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("args, env, words", [
-    (["--sync_mode=bogus"], {}, ["--sync_mode", "'bogus'", "sync, async, hybrid"]),
-    ([], {"TFSYNC_MODE": "bogus"}, ["TFSYNC_MODE", "sync, async, hybrid"]),
-    (["--sync_backend=gpu"], {}, ["--sync_backend", "auto, horovod, multi_worker, mirrored"]),
-    (["--sync_max_staleness=-1"], {}, ["flag: --sync_max_staleness: '-1' is not accepted any more (it meant off); "
-                                       "use off or an integer in [0, 1073741824]"]),
-    (["--sync_config=/nonexistent/sync.yaml"], {}, ["--sync_config", "/nonexistent/sync.yaml does not exist"]),
-    (["--sync_backend=horovod"], {}, ["horovod", "not started by horovodrun", "horovodrun -np"]),
-    (["--sync_backend=multi_worker"], {}, ["multi_worker", "TF_CONFIG is not set"]),
-    ([], {"TF_CONFIG": "{oops"}, ["TF_CONFIG", "not valid JSON"]),
-    ([], {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}}'}, ["TF_CONFIG: task"]),
-    ([], {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
-                       '"task": {"type": "worker", "index": 5}}'}, ["task.index", "0..1"]),
-], ids=["flag-mode", "env-mode", "backend", "old-sentinel", "missing-config", "horovod-without-horovodrun",
-        "multi-worker-without-tf-config", "bad-json", "missing-task", "index-range"])
-def test_bad_input_gives_one_line(args, env, words):
-    assert_one_clear_error(run_train(args, **env), *words)
-
-
-@pytest.mark.timeout(120)
-def test_config_file_with_unknown_key(tmp_path):
-    path = tmp_path / "sync.yaml"
-    path.write_text("mode: sync\nbakend: horovod\n")
-    assert_one_clear_error(run_train([f"--sync_config={path}"]), "bakend", "unknown key", "mode, backend")
+@pytest.mark.parametrize("name", sorted(REFUSALS))
+def test_bad_input_gives_one_line(name, refusals):
+    assert_one_clear_error(refusals[name], *REFUSALS[name][2])
 
 
 @pytest.mark.timeout(120)
@@ -104,15 +117,11 @@ def async_cluster(take, *roles):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tf_config_text, words", [
-    (None, ["TF_CONFIG", "needs a cluster with chief, worker and ps", "tfsyncmodes.launch"]),
     (lambda take: tf_config(async_cluster(take, "chief", "worker"), "chief", 0), ["cluster.ps", "needs at least one 'ps'"]),
     (lambda take: tf_config(async_cluster(take, "chief", "ps"), "chief", 0), ["cluster.worker", "needs at least one 'worker'"]),
-    (lambda take: '{"cluster": {"worker": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, '
-             '"task": {"type": "worker", "index": 0}}', ["TF_CONFIG", "worker", "is given twice"]),
-], ids=["unset", "no-ps", "no-worker", "role-twice"])
+], ids=["no-ps", "no-worker"])
 def test_async_cluster_errors(tf_config_text, words, owned_ports):
-    env = {"TF_CONFIG": tf_config_text(owned_ports)} if tf_config_text else {}
-    assert_one_clear_error(run_train(["--sync_mode=async"], **env), *words)
+    assert_one_clear_error(run_train(["--sync_mode=async"], TF_CONFIG=tf_config_text(owned_ports)), *words)
 
 
 @pytest.mark.timeout(120)

@@ -41,14 +41,15 @@ def horovodrun_command(num_proc: int, command: Sequence[str], extra: Sequence[st
 
 
 def run(command: Sequence[str], *, timeout: float, env: Optional[Mapping[str, str]] = None,
-        cwd: Optional[str] = None) -> subprocess.CompletedProcess:
-    """Runs `command` in its own process group; on timeout the whole group is killed and
-    ``subprocess.TimeoutExpired`` is raised with the output so far."""
+        cwd: Optional[str] = None, input: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Runs `command` in its own process group (`input`, if given, on its stdin); on timeout the
+    whole group is killed and ``subprocess.TimeoutExpired`` is raised with the output so far."""
     process = subprocess.Popen(list(command), env=dict(env) if env is not None else None, cwd=cwd,
+                               stdin=subprocess.PIPE if input is not None else None,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
-        stdout, stderr = process.communicate(timeout=timeout)
+        stdout, stderr = process.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:
         # SIGTERM first, so that a launcher can tear down the tasks it started.
         kill_group(process, signal.SIGTERM)
