@@ -7,7 +7,7 @@ every I seconds (uniform in [I(1-s), I(1+s)], s = ``--spread``, seeded by the ru
 back; what goodput and recovery time are is in :mod:`benchmarks.chaoslib`. The table gives, per
 mode and interval, the median and the range over ``--repeats`` runs; ``--out`` the JSON (every
 run's figures), ``--plot`` the PNG (goodput against the interval, one line per mode, the range
-as error bars). Hybrid has no elastic form, so no chaos run."""
+as error bars). Hybrid's elastic form has no chaos run yet."""
 from __future__ import annotations
 
 import argparse
@@ -41,7 +41,7 @@ def parse(argv):
     args.modes = [m for m in args.modes.split(",") if m]
     for mode in args.modes:
         if mode not in ("sync", "async"):
-            parser.error(f"--modes: {mode!r}: chaos runs exist for sync and async (hybrid has no elastic form)")
+            parser.error(f"--modes: {mode!r}: chaos runs exist for sync and async (hybrid's elastic form has none yet)")
     args.intervals = [float(i) for i in args.interval.split(",") if i]
     return args
 

@@ -2,7 +2,7 @@
 about every 20 s and gets it back, here in async (the launcher's restarts; sync's elastic run is
 not yet reliable, see docs/BENCHMARKS.md). It ends with the step and sample counts it promises,
 a test accuracy within one point of an undisturbed run's (NumPy's training of the same softmax regression, evaluated in
-NumPy), and nothing left behind. Hybrid has no elastic form: no chaos run for it.
+NumPy), and nothing left behind. Hybrid's elastic form has no chaos run yet.
 
 The goodput and recovery arithmetic is checked on a hand-made step log first."""
 import os
