@@ -34,7 +34,8 @@ def run_cases(entry: str, cases: Sequence[Mapping], *, env: Mapping[str, str], c
               timeout: float) -> List[subprocess.CompletedProcess]:
     """Runs ``entry`` ("module:function") once per case ({"argv": [...], "env": {...}}: the
     case's environment is `env` updated by its own) and returns a ``CompletedProcess`` for each,
-    in order. `timeout` bounds each case; the whole batch is bounded by the sum."""
+    in order; a case still running after `timeout` seconds is killed and its ``returncode`` is
+    ``"timeout"``. The whole batch is bounded by the sum of the cases' timeouts."""
     for case in cases:
         changed = [k for k in IMPORT_TIME_VARS if k in case.get("env", {}) and case["env"][k] != env.get(k)]
         if changed:
