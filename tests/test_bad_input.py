@@ -170,7 +170,8 @@ def bad_train_flag_runs():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("args, words", BAD_TRAIN_FLAGS, ids=lambda value: value[0] if isinstance(value, list) else None)
+@pytest.mark.parametrize("args, words", BAD_TRAIN_FLAGS,
+                         ids=lambda value: value[0] if isinstance(value, list) else None)
 def test_bad_train_flags_are_one_line_with_status_2(args, words, bad_train_flag_runs):
     line = one_clear_error(bad_train_flag_runs[" ".join(args)])
     for word in words:

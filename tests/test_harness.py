@@ -42,11 +42,12 @@ WARM_CASES = [(["exit", "0"], {}), (["exit", "2"], {"WARM_VALUE": "two"}), (["me
 def test_a_warm_run_is_the_program_run_whole():
     """Each case forked from one process that imported the program, against the same program
     started as a process of its own: the same status, stdout and stderr (a traceback included)."""
+    program = os.path.join(WORKERS, "warm_program.py")
     warm = warmrun.run_cases("tests.workers.warm_program:main",
-                             [{"argv": [os.path.join(WORKERS, "warm_program.py"), *argv], "env": env} for argv, env in WARM_CASES],
+                             [{"argv": [program, *argv], "env": env} for argv, env in WARM_CASES],
                              env=clean_env(), cwd=REPO, timeout=30)
     for (argv, env), got in zip(WARM_CASES, warm):
-        whole = localrun.run([sys.executable, os.path.join(WORKERS, "warm_program.py"), *argv], timeout=30,
+        whole = localrun.run([sys.executable, program, *argv], timeout=30,
                              env=clean_env(**env), cwd=REPO)
         assert (got.returncode, got.stdout) == (whole.returncode, whole.stdout), argv
         # A traceback names the file it ran from; the last line (the exception) is the same.

@@ -26,6 +26,8 @@ import time
 import traceback
 from typing import Dict, List, Mapping, Sequence
 
+from tfsync_testbed import localrun
+
 # Read while TensorFlow and Keras are imported: a case cannot change them.
 IMPORT_TIME_VARS = ("TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
 
@@ -42,7 +44,6 @@ def run_cases(entry: str, cases: Sequence[Mapping], *, env: Mapping[str, str], c
             raise ValueError(f"case {case['argv']}: {changed} are read at import; run it as its own process")
     payload = json.dumps({"cases": [{"argv": list(c["argv"]), "env": {**env, **c.get("env", {})}}
                                     for c in cases], "timeout": timeout})
-    from tfsync_testbed import localrun
     driver = localrun.run([sys.executable, "-m", "tfsync_testbed.warmrun", entry], env=env, cwd=cwd,
                           timeout=60 + timeout * len(cases), input=payload)
     if driver.returncode != 0:
