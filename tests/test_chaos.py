@@ -1,5 +1,5 @@
 """Chaos runs (benchmarks/chaos_driver.py): a 4-rank job that loses a random non-chief process
-about every 20 s and gets it back, here in async (the launcher's restarts; sync's elastic run is
+about every 12 s and gets it back, here in async (the launcher's restarts; sync's elastic run is
 not yet reliable, see docs/BENCHMARKS.md). It ends with the step and sample counts it promises,
 a test accuracy within one point of an undisturbed run's (NumPy's training of the same softmax regression, evaluated in
 NumPy), and nothing left behind. Hybrid's elastic form has no chaos run yet.
