@@ -1,7 +1,9 @@
 """Shared fixtures: clean subprocess environments, loopback ports owned for a test's duration, no
 leftover processes."""
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,14 +14,26 @@ import socket
 import psutil
 import pytest
 
-from tfsync_testbed import localrun, warmrun
+from tfsync_testbed import localrun, warmpython, warmrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKERS = os.path.join(REPO, "tests", "workers")
-PYTHON = sys.executable
 # Every process a test starts carries this in its environment, so that one left behind is
 # found even after its parent died and it was re-parented.
 OWNER_VAR, OWNER = "TFSYNCMODES_TEST_OWNER", str(os.getpid())
+
+# The interpreter the tests start their programs with: a warm one (tfsync_testbed.warmpython:
+# TensorFlow, Keras and Horovod imported once, each program a child forked from that), unless
+# TFSYNCMODES_TEST_COLD=1. A test that finds its processes by their command line or their
+# environment in /proc uses COLD_PYTHON.
+COLD_PYTHON = sys.executable
+if os.environ.get("TFSYNCMODES_TEST_COLD") == "1":
+    WARM_DIR, PYTHON = None, COLD_PYTHON
+else:
+    WARM_DIR = tempfile.mkdtemp(prefix="tfsync-warm-")
+    atexit.register(shutil.rmtree, WARM_DIR, True)
+    PYTHON = warmpython.write_launcher(WARM_DIR)
+WARM_SERVERS = []
 
 
 def clean_env(**extra):
@@ -109,6 +123,23 @@ def run_cluster(commands, timeout, env_per_task):
 REUSE_PORT_ENV = {"TF_GRPC_REUSE_PORT": "1"}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_servers():
+    """The warm interpreter's servers, one for Keras 3 and one for tf_keras, started in the
+    background: until one listens, its clients run their programs cold."""
+    if WARM_DIR is None:
+        yield
+        return
+    script = os.path.join(REPO, "tfsync_testbed", "warmpython.py")
+    for extra in ({}, {"TF_USE_LEGACY_KERAS": "1"}):
+        WARM_SERVERS.append(subprocess.Popen([COLD_PYTHON, script, "serve", WARM_DIR], env=clean_env(**extra),
+                                             cwd=REPO, stdin=subprocess.DEVNULL, start_new_session=True))
+    yield
+    for server in WARM_SERVERS:
+        server.kill()
+        server.wait()
+
+
 @pytest.fixture
 def owned_ports():
     """``take(count)``: `count` 127.0.0.1 ports this test owns until it ends. Each is a socket
@@ -137,8 +168,8 @@ def owned_processes():
     owned = []
     for process in psutil.process_iter():
         try:
-            if (process.environ().get(OWNER_VAR) == OWNER
-                    and process.status() != psutil.STATUS_ZOMBIE):
+            if (process.environ().get(OWNER_VAR) == OWNER and process.status() != psutil.STATUS_ZOMBIE
+                    and process.pid not in {server.pid for server in WARM_SERVERS}):
                 owned.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

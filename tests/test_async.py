@@ -87,8 +87,8 @@ class Cluster:
             self.process.wait()
 
 
-def train_command(tmp_path, epochs, model_dir=None, batch_size=64):
-    return [PYTHON, TRAIN, "--sync_mode=async", f"--epochs={epochs}", f"--batch_size={batch_size}",
+def train_command(tmp_path, epochs, model_dir=None, batch_size=64, python=PYTHON):
+    return [python, TRAIN, "--sync_mode=async", f"--epochs={epochs}", f"--batch_size={batch_size}",
             f"--model_dir={model_dir or tmp_path / 'run'}", f"--metrics_file={tmp_path / 'metrics.json'}"]
 
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.conftest import COLD_PYTHON
 from tests.test_async import STEPS_PER_EPOCH, Cluster, epochs_started, exit_statuses, train_command
 
 
@@ -21,8 +22,10 @@ def started_pids(cluster, task):
 @pytest.mark.timeout(480)
 def test_a_lost_worker_is_restarted_and_taken_back_with_an_exact_step_count(tmp_path):
     epochs = 60
+    # Started cold: a warm worker (tests/conftest.py) is back at its address within a second,
+    # before the coordinator has seen it gone.
     cluster = Cluster(["--workers", "2", "--ps", "1", "--timeout", "420", "--max_restarts", "1"],
-                      train_command(tmp_path, epochs))
+                      train_command(tmp_path, epochs, python=COLD_PYTHON))
     cluster.wait_for(r"\[chief:0\] Epoch 3/", timeout=200)
     os.kill(cluster.pid("worker:1"), signal.SIGKILL)
     cluster.wait_for(r"\[launch\] worker:1 exited with status -9; restarting it at 127\.0\.0\.1:\d+ \(restart 1 of 1\)",

@@ -1,12 +1,16 @@
 """The test harness itself: a rank that writes a lot while another waits for it must not hang;
-a case forked from a warm process exits, prints and fails as the same program run whole."""
+a case forked from a warm process, and a program run by the warm interpreter, exit, print and
+fail as the same program run by Python."""
 import os
+import signal
+import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
-from tests.conftest import REPO, WORKERS, clean_env, run_cluster
+from tests.conftest import COLD_PYTHON, PYTHON, REPO, WARM_DIR, WORKERS, clean_env, run_cluster
 from tfsync_testbed import localrun, warmrun
 
 # Task 1 writes far more than a pipe buffer (64 KiB) before it lets task 0 go on, as a rank
@@ -69,3 +73,65 @@ def test_a_warm_run_kills_a_case_at_its_timeout_and_refuses_import_time_settings
         warmrun.run_cases("tests.workers.warm_program:main",
                           [{"argv": ["p", "exit", "0"], "env": {"TF_USE_LEGACY_KERAS": "1"}}],
                           env=clean_env(TF_USE_LEGACY_KERAS="0"), cwd=REPO, timeout=2)
+
+
+def _wait_for_warm_servers(timeout=90):
+    """The warm interpreter's servers start with the session; until they listen, its clients run
+    cold, which these tests must not mistake for warm."""
+    deadline = time.monotonic() + timeout
+    while len([n for n in os.listdir(WARM_DIR) if n.endswith(".sock")]) < 2:
+        assert time.monotonic() < deadline, "the warm interpreter's servers did not start"
+        time.sleep(0.2)
+
+
+WARM_PYTHON_CASES = [(["exit", "0"], {}, None), (["exit", "2"], {"WARM_VALUE": "two"}, None),
+                     (["message", "one", "line"], {}, None), (["raise"], {"WARM_VALUE": "raised"}, None),
+                     (["where"], {}, "from stdin\n"), (["where"], {"TF_USE_LEGACY_KERAS": "1"}, "")]
+
+
+@pytest.mark.skipif(WARM_DIR is None, reason="TFSYNCMODES_TEST_COLD=1: the tests run without it")
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_the_warm_interpreter_runs_a_program_as_python_does(how):
+    """A program started through the warm interpreter (in a loopback namespace of its own where
+    the machine allows, as the tests' horovodrun jobs are) against the same program started by
+    Python: the same status, stdout (its argv, working directory, sys.path[0], __file__, network
+    interfaces and standard input) and stderr; only the warm one found TensorFlow imported."""
+    _wait_for_warm_servers()
+    program = ([os.path.join(WORKERS, "warm_program.py")] if how == "script"
+               else ["-m", "tests.workers.warm_program"])
+    prefix = list(localrun.loopback_namespace_prefix())
+    for argv, env, stdin in WARM_PYTHON_CASES:
+        warm, cold = (localrun.run([*prefix, python, *program, *argv], timeout=60, env=clean_env(**env),
+                                   cwd=REPO, input=stdin) for python in (PYTHON, COLD_PYTHON))
+        assert (warm.returncode, warm.stdout) == (cold.returncode, cold.stdout), (argv, warm.stderr)
+        warm_err, cold_err = warm.stderr.splitlines(), cold.stderr.splitlines()
+        assert (warm_err[0], cold_err[0]) == ("warm=True", "warm=False"), argv
+        assert warm_err[1] == cold_err[1] and warm_err[-1] == cold_err[-1], argv
+        assert ("Traceback" in warm.stderr) == ("Traceback" in cold.stderr) == (argv == ["raise"]), argv
+        if argv == ["where"] and prefix:
+            assert "network ['lo']" in warm.stdout, warm.stdout
+
+
+@pytest.mark.skipif(WARM_DIR is None, reason="TFSYNCMODES_TEST_COLD=1: the tests run without it")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_the_warm_interpreters_program_dies_with_its_client(signum):
+    """A signal to the client reaches the program (SIGTERM: the client then dies of it, as the
+    program did); a client killed outright takes the program with it (it watches the client)."""
+    _wait_for_warm_servers()
+    client = subprocess.Popen([PYTHON, os.path.join(WORKERS, "warm_program.py"), "hold", "60"],
+                              env=clean_env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().startswith("argv")
+        program = int(client.stdout.readline().split()[1])
+        assert program != client.pid and psutil.pid_exists(program)
+        started = time.monotonic()
+        client.send_signal(signum)
+        assert client.wait(timeout=10) == -signum
+        while psutil.pid_exists(program) and psutil.Process(program).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() - started < 10, "the program outlived its client"
+            time.sleep(0.05)
+    finally:
+        client.kill()
+        client.wait()

@@ -19,14 +19,14 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import PYTHON, REPO, WORKERS, clean_env, tf_config
+from tests.conftest import COLD_PYTHON, PYTHON, REPO, WORKERS, clean_env, tf_config
 from tests.test_hybrid import SCENARIOS, check_against_numpy
 from tests.test_sync_horovod import check_mean_gradient_training, load_workers
 from tfsync_testbed import localrun, netns, ssh
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 STEPS_PER_EPOCH = 1437 // 64
-HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
+HOROVODRUN = os.path.join(os.path.dirname(COLD_PYTHON), "horovodrun")
 
 
 def why_no_bed():

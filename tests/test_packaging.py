@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, clean_env
+from tests.conftest import COLD_PYTHON, PYTHON, REPO, clean_env
 
 # Hides TensorFlow from this interpreter, as on a machine where neither build is installed:
 # import and importlib.util.find_spec both treat a None entry in sys.modules as "not there".
@@ -116,7 +116,7 @@ def test_no_module_of_the_package_imports_test_or_benchmark_support():
 def test_the_launcher_is_a_console_command():
     scripts = pyproject()["project"]["scripts"]
     assert scripts["tfsyncmodes-launch"] == "tfsyncmodes.launch:main"
-    command = os.path.join(os.path.dirname(PYTHON), "tfsyncmodes-launch")
+    command = os.path.join(os.path.dirname(COLD_PYTHON), "tfsyncmodes-launch")
     result = subprocess.run([command, "--print-tf-config", "--hosts", "a,b", "--workers", "1", "--ps", "1"],
                             capture_output=True, text=True, timeout=100, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stderr
@@ -129,7 +129,7 @@ def test_the_example_trainer_is_a_console_command_that_trains(tmp_path):
     import json
 
     assert pyproject()["project"]["scripts"]["tfsyncmodes-train"] == "tfsyncmodes.examples.train:main"
-    command = os.path.join(os.path.dirname(PYTHON), "tfsyncmodes-train")
+    command = os.path.join(os.path.dirname(COLD_PYTHON), "tfsyncmodes-train")
     metrics = tmp_path / "metrics.json"
     result = subprocess.run([command, "--epochs=2", f"--model_dir={tmp_path / 'run'}", f"--metrics_file={metrics}"],
                             capture_output=True, text=True, timeout=220, env=clean_env(), cwd=tmp_path)
