@@ -60,7 +60,7 @@ import os
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, clean_env, trainer_runs
+from tests.conftest import COLD_PYTHON, PYTHON, REPO, clean_env, trainer_runs
 from tfsyncmodes import cluster, config, knobs
 from tfsyncmodes import flags as flag_defs
 from tfsyncmodes.knob_types import Boolean, Choice, Number, Text
@@ -187,22 +187,24 @@ def test_tf_config_port_that_is_not_a_number_stops_before_tensorflow():
 
 
 # --- python -m tfsyncmodes.launch: every option ------------------------------------------
+# The launcher refuses these before it starts a command; the command names the real interpreter,
+# whose path (unlike the warm one's) is the same in every pytest process, and so are the test ids.
 
 @pytest.mark.parametrize("argv, words", [
-    (["--workers", "abc", "--", PYTHON], ["launch: --workers: 'abc' is not a whole number"]),
-    (["--workers", "0", "--", PYTHON], ["launch: --workers: 0 is too few", "use 1 or more"]),
+    (["--workers", "abc", "--", COLD_PYTHON], ["launch: --workers: 'abc' is not a whole number"]),
+    (["--workers", "0", "--", COLD_PYTHON], ["launch: --workers: 0 is too few", "use 1 or more"]),
     (["--workers"], ["launch: --workers: needs a value"]),
-    (["--ps", "-1", "--", PYTHON], ["launch: --ps: -1 is negative", "use 0 or more"]),
-    (["--ps", "1.5", "--", PYTHON], ["launch: --ps: '1.5' is not a whole number"]),
-    (["--timeout", "abc", "--", PYTHON], ["launch: --timeout: 'abc'", "seconds >= 0"]),
-    (["--timeout", "-5", "--", PYTHON], ["launch: --timeout: '-5'", "seconds >= 0"]),
-    (["--timeout", "nan", "--", PYTHON], ["launch: --timeout: 'nan'"]),
-    (["--tolerate_worker_loss=yes", "--", PYTHON], ["launch: --tolerate_worker_loss: takes no value, got 'yes'"]),
-    (["--share_network=1", "--", PYTHON], ["launch: --share_network: takes no value"]),
-    (["--bogus", "--", PYTHON], ["launch: --bogus: is not an option of the launcher", "--help"]),
-    (["--p", "3", "--", PYTHON], ["launch: --p: ", "could match"]),
-    (["--hosts", "a,b", "--", PYTHON], ["launch: --hosts: is only used with --print-tf-config"]),
-    (["--port", "3000", "--", PYTHON], ["launch: --port: is only used with --print-tf-config"]),
+    (["--ps", "-1", "--", COLD_PYTHON], ["launch: --ps: -1 is negative", "use 0 or more"]),
+    (["--ps", "1.5", "--", COLD_PYTHON], ["launch: --ps: '1.5' is not a whole number"]),
+    (["--timeout", "abc", "--", COLD_PYTHON], ["launch: --timeout: 'abc'", "seconds >= 0"]),
+    (["--timeout", "-5", "--", COLD_PYTHON], ["launch: --timeout: '-5'", "seconds >= 0"]),
+    (["--timeout", "nan", "--", COLD_PYTHON], ["launch: --timeout: 'nan'"]),
+    (["--tolerate_worker_loss=yes", "--", COLD_PYTHON], ["launch: --tolerate_worker_loss: takes no value, got 'yes'"]),
+    (["--share_network=1", "--", COLD_PYTHON], ["launch: --share_network: takes no value"]),
+    (["--bogus", "--", COLD_PYTHON], ["launch: --bogus: is not an option of the launcher", "--help"]),
+    (["--p", "3", "--", COLD_PYTHON], ["launch: --p: ", "could match"]),
+    (["--hosts", "a,b", "--", COLD_PYTHON], ["launch: --hosts: is only used with --print-tf-config"]),
+    (["--port", "3000", "--", COLD_PYTHON], ["launch: --port: is only used with --print-tf-config"]),
     (["--workers", "2"], ["launch: command: missing", "after --"]),
     (["--", "no_such_program_here"], ["launch: command: 'no_such_program_here' is not a program"]),
     (["--", "README.md"], ["launch: command: 'README.md' is not a program", "executable"]),
@@ -211,7 +213,7 @@ def test_tf_config_port_that_is_not_a_number_stops_before_tensorflow():
     (["--print-tf-config", "--hosts", "a", "--port", "65534"], ["launch: --port: 65534 is out of range"]),
     (["--print-tf-config", "--hosts", "a", "--port", "http"], ["launch: --port: 'http' is not a whole number"]),
     (["--print-tf-config", "--hosts", "a", "--workers", "0"], ["launch: --workers: 0 is too few"]),
-    (["--print-tf-config", "--hosts", "a", "--", PYTHON], ["launch: command: acts on a running cluster"]),
+    (["--print-tf-config", "--hosts", "a", "--", COLD_PYTHON], ["launch: command: acts on a running cluster"]),
     (["--print-tf-config", "--hosts", "a", "--timeout", "5"], ["launch: --timeout: acts on a running cluster"]),
     (["--print-tf-config", "--hosts", "a", "--tolerate_worker_loss"], ["--tolerate_worker_loss: acts on"]),
 ], ids=lambda value: " ".join(value) if isinstance(value, list) and value and value[0].startswith("-") else None)

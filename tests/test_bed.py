@@ -11,6 +11,9 @@ from tests.conftest import PYTHON, REPO, clean_env
 from tests.test_multihost import why_no_bed
 from tfsync_testbed import localrun, netns, ssh
 
+# Namespace hosts and their addresses are the machine's: one such test at a time (pytest-xdist).
+pytestmark = pytest.mark.xdist_group("namespace-hosts")
+
 
 def bed_leftovers() -> set:
     """Namespaces and bridges of beds, and anything listening on the beds' subnet."""

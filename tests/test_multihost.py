@@ -24,6 +24,9 @@ from tests.test_hybrid import SCENARIOS, check_against_numpy
 from tests.test_sync_horovod import check_mean_gradient_training, load_workers
 from tfsync_testbed import localrun, netns, ssh
 
+# Namespace hosts and their addresses are the machine's: one such test at a time (pytest-xdist).
+pytestmark = pytest.mark.xdist_group("namespace-hosts")
+
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 STEPS_PER_EPOCH = 1437 // 64
 HOROVODRUN = os.path.join(os.path.dirname(COLD_PYTHON), "horovodrun")
