@@ -58,6 +58,22 @@ def write_launcher(directory: str) -> str:
     return path
 
 
+def exit_status(program) -> int:
+    """Runs `program` () and returns the status the interpreter would exit with: a SystemExit's
+    code (a message printed to stderr, status 1), or 1 with the traceback printed."""
+    try:
+        program()
+    except SystemExit as exit_:
+        if exit_.code is None or isinstance(exit_.code, int):
+            return exit_.code or 0
+        print(exit_.code, file=sys.stderr)
+        return 1
+    except BaseException:  # what the interpreter does with an exception that escapes
+        traceback.print_exc()
+        return 1
+    return 0
+
+
 # --- the client ---------------------------------------------------------------------------
 
 def _program(args):
@@ -172,27 +188,14 @@ def _become(request, fds, conn, client_pid) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         threading.Thread(target=_watch, args=(conn,), daemon=True).start()
-        code = 0
-        try:
-            if request["kind"] == "module":
-                sys.argv = [request["name"], *request["args"]]
-                sys.path[0] = os.getcwd()
-                runpy.run_module(request["name"], run_name="__main__", alter_sys=True)
-            else:
-                sys.argv = [request["name"], *request["args"]]
-                sys.path[0] = os.path.dirname(os.path.realpath(request["name"]))
-                runpy.run_path(request["name"], run_name="__main__")
-        except SystemExit as exit_:
-            if exit_.code is None:
-                code = 0
-            elif isinstance(exit_.code, int):
-                code = exit_.code
-            else:
-                print(exit_.code, file=sys.stderr)
-                code = 1
-        except BaseException:  # what the interpreter does with an exception that escapes
-            traceback.print_exc()
-            code = 1
+        name = request["name"]
+        sys.argv = [name, *request["args"]]
+        if request["kind"] == "module":
+            sys.path[0] = os.getcwd()
+            code = exit_status(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True))
+        else:
+            sys.path[0] = os.path.dirname(os.path.realpath(name))
+            code = exit_status(lambda: runpy.run_path(name, run_name="__main__"))
         threading._shutdown()  # what the interpreter does at its end: join threads, then atexit
         atexit._run_exitfuncs()
     finally:

@@ -23,10 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from typing import Dict, List, Mapping, Sequence
 
-from tfsync_testbed import localrun
+from tfsync_testbed import localrun, warmpython
 
 # Read while TensorFlow and Keras are imported: a case cannot change them.
 IMPORT_TIME_VARS = ("TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
@@ -59,20 +58,8 @@ def _child(function, case: Mapping, out: int, err: int) -> None:
     os.environ.clear()
     os.environ.update(case["env"])
     sys.argv = list(case["argv"])
-    code = 0
     try:
-        function()
-    except SystemExit as exit_:
-        if exit_.code is None:
-            code = 0
-        elif isinstance(exit_.code, int):
-            code = exit_.code
-        else:
-            print(exit_.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # what the interpreter does with an exception that escapes
-        traceback.print_exc()
-        code = 1
+        code = warmpython.exit_status(function)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
