@@ -24,8 +24,8 @@ OWNER_VAR, OWNER = "TFSYNCMODES_TEST_OWNER", str(os.getpid())
 
 # The interpreter the tests start their programs with: a warm one (tfsync_testbed.warmpython:
 # TensorFlow, Keras and Horovod imported once, each program a child forked from that), unless
-# TFSYNCMODES_TEST_COLD=1. A test that finds its processes by their command line or their
-# environment in /proc uses COLD_PYTHON.
+# TFSYNCMODES_TEST_COLD=1. The tools installed beside the interpreter (horovodrun, the console
+# commands) are found from COLD_PYTHON, and a test that needs a process to start cold uses it.
 COLD_PYTHON = sys.executable
 if os.environ.get("TFSYNCMODES_TEST_COLD") == "1":
     WARM_DIR, PYTHON = None, COLD_PYTHON
@@ -165,11 +165,11 @@ def owned_ports():
 
 
 def owned_processes():
-    owned = []
+    owned, servers = [], {server.pid for server in WARM_SERVERS}
     for process in psutil.process_iter():
         try:
-            if (process.environ().get(OWNER_VAR) == OWNER and process.status() != psutil.STATUS_ZOMBIE
-                    and process.pid not in {server.pid for server in WARM_SERVERS}):
+            if (process.pid not in servers and process.environ().get(OWNER_VAR) == OWNER
+                    and process.status() != psutil.STATUS_ZOMBIE):
                 owned.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

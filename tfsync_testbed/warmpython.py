@@ -7,9 +7,9 @@ process runs ``warm-python`` (a small client, started in milliseconds) in place 
 The client hands the server its arguments, environment, working directory and standard
 streams; the server forks a child that enters the client's namespaces (network, host name,
 mounts), becomes the program (``python SCRIPT ARGS`` or ``python -m MODULE ARGS``) and exits
-with its status, which the client exits with. The child is a real process running the real program: only the import
-is shared. It dies with its client: a signal sent to the client is passed on, and a client that
-is killed closes the connection the child watches.
+with its status, which the client exits with. The child is a real process running the real
+program: only the import is shared. It dies with its client: a signal sent to the client is
+passed on, and a client that is killed closes the connection the child watches.
 
 The client runs the program cold (``exec python ...``) whenever the server cannot: no server for
 its environment's import-time settings (:data:`IMPORT_TIME_VARS`; one server per setting, e.g.

@@ -28,7 +28,7 @@ from typing import Dict, List, Mapping, Sequence
 from tfsync_testbed import localrun, warmpython
 
 # Read while TensorFlow and Keras are imported: a case cannot change them.
-IMPORT_TIME_VARS = ("TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
+IMPORT_TIME_VARS = warmpython.IMPORT_TIME_VARS
 
 
 def run_cases(entry: str, cases: Sequence[Mapping], *, env: Mapping[str, str], cwd: str,
