@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Installs everything the tests need (scripts/install.sh) and runs the whole test suite, on two
-# pytest-xdist workers (tests that share the machine's namespace hosts on one of them).
+# Installs everything the tests need (scripts/install.sh) and runs the whole test suite.
 #   bash scripts/test.sh [pytest args]
 #   bash scripts/test.sh -m "not slow"     # the fast subset, without multi-process training runs
-#   bash scripts/test.sh -n 0 tests/test_async.py -x   # one process, no workers
+#   bash scripts/test.sh -n 2 --dist loadgroup   # two pytest-xdist workers: faster, see docs/TESTING.md
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TFSYNC_VENV:-$repo/.venv}
@@ -27,4 +26,4 @@ fi
 
 cd "$repo"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
-exec "$venv/bin/python" -m pytest -n 2 --dist loadgroup "$@"
+exec "$venv/bin/python" -m pytest "$@"

@@ -28,10 +28,11 @@ def test_a_group_slowed_inside_its_steps_runs_fewer_steps_a_round(tmp_path):
     slow, fast = metrics["local_steps_group0"][-1], metrics["local_steps_group1"][-1]
     # The rule: the fastest group runs the period, the other round(period * t_fast / t_slow).
     # The slow group's steps take at least SLOW x 50 ms against the fast group's 50 ms plus their
-    # exchange, so it runs at most about half the fast group's steps. A clock that leaves the
-    # step's compute out sees equal groups (6-7 steps against 7-8).
+    # exchange, so it runs about half the fast group's steps on an idle machine, and at most
+    # about two thirds while the steps' own work is slowed by a loaded one. A clock that leaves
+    # the step's compute out sees equal groups (6-7 steps against 7-8).
     assert fast >= PERIOD - 2, metrics
-    assert slow <= 0.5 * fast, metrics
+    assert slow <= 0.65 * fast, metrics
 
 
 @pytest.mark.timeout(300)
@@ -50,7 +51,9 @@ def test_the_straggler_policy_sees_a_rank_slowed_inside_its_steps(tmp_path):
     slow_group = [int(r) for r in match.group(1).split(";")[0].split(",")]
     times = np.array([float(t) for t in match.group(2).split(",")])
     # Rank 1's own time per step against the others': its 200 ms wait and the same step work
-    # against their 50 ms; the others' own times stay near their 50 ms wait, not at rank 1's.
+    # against their 50 ms, so 150 ms more than each of them (a loaded machine lengthens
+    # everyone's step work alike; it was 117-121 ms against 271 ms under two test workers). A
+    # clock that timed the whole step would see every rank alike.
     assert 1 in slow_group, line
     others = np.delete(times, 1)
-    assert times[1] >= 2.5 * np.median(others) and others.max() < 0.6 * times[1], line
+    assert (times[1] - others).min() >= 0.6 * (SLOW - 1) * 50, line
