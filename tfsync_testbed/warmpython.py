@@ -2,8 +2,9 @@
 
 Every rank of a test's ``horovodrun`` job and every task of its gRPC cluster is a process of
 its own that spends about 4 s of CPU importing TensorFlow, Keras and Horovod before it does
-anything: on two cores, a quarter of the suite. Here a server imports them once; a test's
-process runs ``warm-python`` (a small client, started in milliseconds) in place of ``python``.
+anything. Here a server imports them once (on two cores the suite then runs in about half the
+time); a test's process runs ``warm-python`` (a small client, started in milliseconds) in place
+of ``python``.
 The client hands the server its arguments, environment, working directory and standard
 streams; the server forks a child that enters the client's namespaces (network, host name,
 mounts), becomes the program (``python SCRIPT ARGS`` or ``python -m MODULE ARGS``) and exits
