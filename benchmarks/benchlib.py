@@ -15,7 +15,8 @@ def repo_env(base: Optional[Mapping[str, str]] = None, **extra: str) -> dict:
     plus `extra`: the environment of every process a benchmark starts, so that it imports
     ``benchmarks``, ``tfsync_testbed`` and ``tfsyncmodes`` from this checkout."""
     env = dict(os.environ if base is None else base)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                  if p and p != REPO])
     env.update(extra)
     return env
 

@@ -69,6 +69,7 @@ flags.DEFINE_integer("repeats", 1, "Runs of each equal and slow condition (throu
 flags.DEFINE_bool("rerun_after_kill", True, "Start a stopped kill run again to see whether it resumes.")
 flags.DEFINE_integer("intra_op_threads", 1, "TF_NUM_INTRAOP_THREADS of every process (0: TensorFlow's "
                      "default, one per core), so that the processes of a job do not fight over the cores.")
+flags.DEFINE_string("python", None, "The interpreter of every job's processes (default: the one running this).")
 flags.DEFINE_float("timeout", 420.0, "Seconds one job may take before it is killed.")
 flags.DEFINE_string("docs_dir", DOCS, "Where the JSON, BENCHMARKS.md and PNGs go.")
 flags.DEFINE_string("json_name", "compare_modes.json", "File name of the raw results in --docs_dir.")
@@ -185,13 +186,13 @@ def execute(runs: list, work_dir: str) -> list:
                                  on_ps=run["on_ps"], timeout=FLAGS.timeout,
                                  kill_after_epochs=max(1, FLAGS.epochs // 2) if kill else None,
                                  kill_role="ps" if run["condition"] == "kill_ps" else "worker",
-                                 intra_op_threads=FLAGS.intra_op_threads)
+                                 intra_op_threads=FLAGS.intra_op_threads, python=FLAGS.python)
         run.update(job)
         if kill and job["returncode"] != 0 and FLAGS.rerun_after_kill:
             rerun = comparelib.run_job(run["mode"], workers=run["workers"], train_flags=run["flags"],
                                        model_dir=model_dir, on_ps=run["on_ps"], timeout=FLAGS.timeout,
                                        log_path=os.path.join(model_dir, "rerun.log"),
-                                       intra_op_threads=FLAGS.intra_op_threads)
+                                       intra_op_threads=FLAGS.intra_op_threads, python=FLAGS.python)
             run["rerun"] = {k: rerun[k] for k in ("wall_seconds", "returncode", "metrics", "curve", "error",
                                                   "started_unix") if k in rerun}
         done_seconds.append(time.perf_counter() - started - sum(done_seconds))

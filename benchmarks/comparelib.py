@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from typing import Dict, List, Optional, Sequence
 
 from benchmarks.benchlib import REPO, TRAIN, repo_env
@@ -47,11 +48,13 @@ def uses_parameter_servers(mode: str, overrides: Dict[str, str]) -> bool:
 
 
 def command(mode: str, workers: int, train_flags: Sequence[str], model_dir: str, metrics: str,
-            on_ps: bool, timeout: float, tolerate_loss: bool) -> List[str]:
-    train = [sys.executable, TRAIN, f"--sync_mode={mode}", f"--model_dir={model_dir}",
+            on_ps: bool, timeout: float, tolerate_loss: bool, python: Optional[str] = None) -> List[str]:
+    """The job's command; `python` (default: this interpreter) runs its processes."""
+    python = python or sys.executable
+    train = [python, TRAIN, f"--sync_mode={mode}", f"--model_dir={model_dir}",
              f"--metrics_file={metrics}", *train_flags]
     if on_ps:
-        return [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(workers), "--ps", "1",
+        return [python, "-m", "tfsyncmodes.launch", "--workers", str(workers), "--ps", "1",
                 "--timeout", str(int(timeout)), *(["--tolerate_worker_loss"] if tolerate_loss else []),
                 "--", *train]
     from tfsync_testbed import localrun
@@ -89,19 +92,21 @@ def read_curve(model_dir: str, since: float = 0.0) -> List[Dict[str, float]]:
     return [epochs[k] for k in sorted(epochs)]
 
 
-def _find_victim(root: int, on_ps: bool, role: str = "worker") -> Optional[int]:
-    """The pid of Horovod rank 1 / async task worker:1 (`role` "ps": task ps:0) among
-    `root`'s descendants."""
+JOB_MARK = "TFSYNC_COMPARE_JOB"  # in the environment of every process a job starts
+
+
+def _find_victim(job: str, on_ps: bool, role: str = "worker") -> Optional[int]:
+    """The pid of Horovod rank 1 / async task worker:1 (`role` "ps": task ps:0) among the
+    processes whose environment carries ``JOB_MARK=job`` (found by their mark, not as
+    descendants: an interpreter may run a program in a process of its own)."""
     import psutil
 
-    try:
-        processes = psutil.Process(root).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return None
-    for process in processes:
+    for process in psutil.process_iter():
         try:
             env = process.environ()
         except (psutil.Error, OSError):
+            continue
+        if env.get(JOB_MARK) != job:
             continue
         if on_ps:
             try:
@@ -133,7 +138,7 @@ def _last_error(text: str) -> str:
 
 def run_job(mode: str, *, workers: int, train_flags: Sequence[str], model_dir: str, on_ps: bool,
             timeout: float, kill_after_epochs: Optional[int] = None, kill_role: str = "worker",
-            log_path: Optional[str] = None, intra_op_threads: int = 1) -> dict:
+            log_path: Optional[str] = None, intra_op_threads: int = 1, python: Optional[str] = None) -> dict:
     """Runs one job and returns what happened: ``returncode``, ``wall_seconds``, the chief's
     final metrics (``metrics``, None if it wrote none), the per-epoch ``curve``, and for a kill
     ``killed_at_seconds`` / ``killed_after_epoch`` / ``error`` (last error line)."""
@@ -142,9 +147,10 @@ def run_job(mode: str, *, workers: int, train_flags: Sequence[str], model_dir: s
     os.makedirs(model_dir, exist_ok=True)
     metrics_path = os.path.join(model_dir, f"metrics-{time.time_ns()}.json")
     cmd = command(mode, workers, train_flags, model_dir, metrics_path, on_ps, timeout,
-                  tolerate_loss=kill_after_epochs is not None)
+                  tolerate_loss=kill_after_epochs is not None, python=python)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
-    env = repo_env(env, TF_CPP_MIN_LOG_LEVEL="2")
+    job = uuid.uuid4().hex
+    env = repo_env(env, TF_CPP_MIN_LOG_LEVEL="2", **{JOB_MARK: job})
     if intra_op_threads:  # keeps the processes of a job from fighting over few cores
         env["TF_NUM_INTRAOP_THREADS"] = str(intra_op_threads)
     log_path = log_path or os.path.join(model_dir, "job.log")
@@ -162,7 +168,7 @@ def run_job(mode: str, *, workers: int, train_flags: Sequence[str], model_dir: s
                 if kill_after_epochs is not None and "killed_at_seconds" not in result:
                     done = read_curve(model_dir, since=started_wall - 1)
                     if len([row for row in done if row["epoch"] >= 0]) >= kill_after_epochs:
-                        victim = _find_victim(process.pid, on_ps, kill_role)
+                        victim = _find_victim(job, on_ps, kill_role)
                         if victim is not None:
                             os.kill(victim, signal.SIGKILL)
                             result.update(killed_at_seconds=round(time.perf_counter() - started, 2),

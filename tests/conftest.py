@@ -1,6 +1,8 @@
 """Shared fixtures: clean subprocess environments, loopback ports owned for a test's duration, no
 leftover processes."""
 import atexit
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -121,6 +123,52 @@ def run_cluster(commands, timeout, env_per_task):
 # TensorFlow's gRPC server binds its port with SO_REUSEPORT when this is set, so it can bind a
 # port that `owned_ports` holds (also with SO_REUSEPORT, never listening).
 REUSE_PORT_ENV = {"TF_GRPC_REUSE_PORT": "1"}
+
+
+# Under pytest-xdist, a test marked `solo` (one that judges speed or time) runs while no other test
+# does: the controller makes a folder of two lock files and passes it to every worker; each test
+# takes "run" shared, a solo test takes it exclusive. "turn" is a turnstile, so that a solo test
+# waiting for the others is not passed by their next tests. The locks are taken outside the
+# test's timeout (this wrapper is the outermost), so waiting for one's turn is not the test's time.
+SOLO_KEY = "tfsyncmodes_solo_locks"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    config = node.config
+    if not hasattr(config, "tfsync_solo_locks"):
+        config.tfsync_solo_locks = tempfile.mkdtemp(prefix="tfsync-solo-")
+    node.workerinput[SOLO_KEY] = config.tfsync_solo_locks
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "tfsync_solo_locks"):
+        shutil.rmtree(config.tfsync_solo_locks, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def solo_turn(folder, solo):
+    """Holds the run lock (exclusive if `solo`) for the block; nothing when `folder` is None."""
+    if folder is None:
+        yield
+        return
+    with open(os.path.join(folder, "turn"), "a") as turn, open(os.path.join(folder, "run"), "a") as run:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        fcntl.flock(run, fcntl.LOCK_EX if solo else fcntl.LOCK_SH)
+        if not solo:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+            fcntl.flock(turn, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    folder = getattr(item.config, "workerinput", {}).get(SOLO_KEY)
+    with solo_turn(folder, item.get_closest_marker("solo") is not None):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import chaos_driver, chaoslib
 from benchmarks.chaos_worker import digits
+from tests.conftest import PYTHON
 
 TOLERANCE = 0.01  # one point of test accuracy
 
@@ -85,7 +86,7 @@ def check(result, promised_accuracy):
 def test_async_loses_a_random_worker_every_12_s_and_the_launcher_restarts_it():
     steps = 10 * 200
     result = chaos_driver.run("async", interval=(10, 14), seed=2, epochs=10, steps_per_epoch=200,
-                              step_ms=80, max_kills=3, timeout=260)
+                              step_ms=80, max_kills=3, timeout=260, python=PYTHON)
     assert len(result["kills"]) >= 2, result["output"][-4000:]
     final = check(result, numpy_reference_accuracy(steps, 16, 0.3))
     assert result["output"].count("restarting it at 127.0.0.1") == len(result["kills"])

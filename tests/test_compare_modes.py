@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, clean_env
+from tests.conftest import PYTHON, REPO, clean_env
 
 SCRIPT = [sys.executable, "-m", "benchmarks.compare_modes"]  # as a user runs it, from the root
 
@@ -88,7 +88,8 @@ def test_tiny_comparison_writes_numbers_table_and_plots(tmp_path):
     docs = tmp_path / "docs"
     result = subprocess.run(
         [*SCRIPT, "--modes=sync,async", "--conditions=equal,kill", "--epochs=2",
-         "--compute_ms=0", "--rerun_after_kill=false", "--timeout=300", f"--docs_dir={docs}"],
+         "--compute_ms=0", "--rerun_after_kill=false", "--timeout=300", f"--docs_dir={docs}",
+         f"--python={PYTHON}"],  # the jobs' processes on the warm interpreter
         capture_output=True, text=True, timeout=840, cwd=REPO, env=clean_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     progress = [line for line in result.stdout.splitlines() if re.match(r"\[\d/4\] ", line)]

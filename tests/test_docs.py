@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, clean_env
+from tests.conftest import COLD_PYTHON, PYTHON, REPO, clean_env
 from tfsyncmodes import config_files, knobs
 
 README = os.path.join(REPO, "README.md")
@@ -131,7 +131,9 @@ def _readme_commands(heading: str):
 @pytest.mark.timeout(900)
 def test_the_readme_commands_per_mode_train_as_written(tmp_path):
     """Each command of "One command per mode", as written, from the checkout (its `.venv/` and
-    `python` first on PATH, as after `source .venv/bin/activate`), for one epoch."""
+    `python` first on PATH, as after `source .venv/bin/activate`), for one epoch. When the tests
+    run with that `.venv`'s interpreter, the commands' `python` is the warm one (the same
+    interpreter with TensorFlow, Keras and Horovod imported once: tests/conftest.py)."""
     from tfsync_testbed import localrun
 
     commands = _readme_commands("One command per mode, on one host")
@@ -139,6 +141,10 @@ def test_the_readme_commands_per_mode_train_as_written(tmp_path):
     assert modes == ["sync", "async", "hybrid", "auto"], modes
     venv_bin = os.path.join(REPO, ".venv", "bin")
     assert os.path.isfile(os.path.join(venv_bin, "horovodrun")), "the README's commands need scripts/install.sh's .venv"
+    python_words = {".venv/bin/python", "python"}
+    assert {w for c in commands for w in c if w.endswith("python")} == python_words
+    if os.path.abspath(COLD_PYTHON) == os.path.join(venv_bin, "python"):
+        commands = [[PYTHON if w in python_words else w for w in c] for c in commands]
     env = clean_env(PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""))
     for mode, command in zip(modes, commands):
         metrics = tmp_path / f"{mode}.json"

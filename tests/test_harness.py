@@ -1,10 +1,12 @@
 """The test harness itself: a rank that writes a lot while another waits for it must not hang;
 a case forked from a warm process, and a program run by the warm interpreter, exit, print and
 fail as the same program run by Python."""
+import glob
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -135,3 +137,48 @@ def test_the_warm_interpreters_program_dies_with_its_client(signum):
     finally:
         client.kill()
         client.wait()
+
+
+SOLO_TESTS = '''
+import os, time
+import pytest
+
+def _record(name, seconds):
+    start = time.monotonic()
+    time.sleep(seconds)
+    with open(os.path.join(os.environ["SPANS"], name), "w") as out:
+        out.write(f"{start} {time.monotonic()}")
+
+@pytest.mark.solo
+def test_solo():
+    _record("solo", 1.5)
+
+@pytest.mark.parametrize("k", range(6))
+def test_other(k):
+    _record(f"other{k}", 0.6)
+'''
+
+
+@pytest.mark.timeout(180)
+def test_a_solo_test_runs_while_no_other_does_on_two_workers(tmp_path):
+    """tests/conftest.py's `solo` lock, in a pytest run of its own on two xdist workers: the
+    other tests run two at a time, but none while the solo test runs."""
+    pytest.importorskip("xdist")
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import pytest_configure_node, pytest_runtest_protocol, pytest_unconfigure\n")
+    (tmp_path / "test_spans.py").write_text(SOLO_TESTS)
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "tfsync-solo-*")))
+    result = subprocess.run([COLD_PYTHON, "-m", "pytest", "-q", "-n", "2", "-p", "no:randomly", "-p", "no:cacheprovider",
+                             "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_spans.py")],
+                            cwd=tmp_path, env=clean_env(SPANS=spans), capture_output=True, text=True, timeout=150)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    got = {path.name: tuple(map(float, path.read_text().split())) for path in spans.iterdir()}
+    assert len(got) == 7, sorted(got)
+    solo = got.pop("solo")
+    overlapping = [name for name, (start, end) in got.items() if start < solo[1] and end > solo[0]]
+    assert not overlapping, (solo, got)
+    pairs = [(a, b) for a in got for b in got if a < b and got[a][0] < got[b][1] and got[b][0] < got[a][1]]
+    assert pairs, got  # the others did run two at a time: the check above could have failed
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "tfsync-solo-*"))) <= before  # its locks removed

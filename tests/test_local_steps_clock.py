@@ -13,7 +13,8 @@ from tests.conftest import PYTHON, REPO, run_checked
 from tfsync_testbed import localrun
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
-pytestmark = pytest.mark.slow
+# Both judge step times: under pytest-xdist they run alone (`solo`, tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.solo]
 PERIOD, SLOW = 8, 4
 
 

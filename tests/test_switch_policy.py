@@ -52,6 +52,7 @@ def test_async_refuses_a_window_but_takes_the_plain_form():
     refuse_window(config.resolve({"mode": "async", "slow_worker": "1:4"}, environ={}, use_flags=False), "async mode")
 
 
+@pytest.mark.solo  # times steps in this process: alone under pytest-xdist
 def test_window_slows_only_inside_it():
     """A real Keras fit of 40 steps with rank 0 slowed 6x during 25 %-50 % of the run: the
     steps inside the window take several times as long as those outside it."""
@@ -185,6 +186,7 @@ def mode_changes(modes):
 
 
 @pytest.mark.slow
+@pytest.mark.solo  # the policy judges step times: alone under pytest-xdist
 @pytest.mark.timeout(600)
 def test_straggler_policy_switches_to_hybrid_inside_the_window_and_back(tmp_path):
     """The policy's hybrid phase runs speed-proportional local steps (the default): the slow
