@@ -44,6 +44,7 @@ flags.DEFINE_integer("batch_size", 64, "Global batch of a sync/hybrid step (an a
 flags.DEFINE_enum("compute", "emulated", ["emulated", "real"], "emulated: the calibrated sleep; real: none.")
 flags.DEFINE_float("pareto_alpha", 2.0, "ALPHA of the heavy condition's Pareto per-step times (> 1).")
 flags.DEFINE_float("timeout", 900.0, "Seconds one run may take.")
+flags.DEFINE_string("python", None, "The interpreter of the ranks and tasks (default: the one running this).")
 flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
 FLAGS = flags.FLAGS
@@ -101,7 +102,7 @@ def run_horovod(bed, mesh, env, mode: str, condition: str, work: str) -> subproc
     hosts = ",".join(f"{h.name}:{n}" for h, n in zip(bed.hosts, hosts_layout(FLAGS.ranks)))
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     command = [horovodrun, "-np", str(FLAGS.ranks), "-H", hosts, "--network-interface", "tfs0",
-               *mesh.horovodrun_args(), "--gloo", sys.executable, TRAIN, *train_flags(mode, condition, work)]
+               *mesh.horovodrun_args(), "--gloo", FLAGS.python or sys.executable, TRAIN, *train_flags(mode, condition, work)]
     return bed.hosts[0].run(command, timeout=FLAGS.timeout, env=env, cwd=REPO)
 
 
@@ -109,7 +110,7 @@ def run_async(env, condition: str, work: str) -> subprocess.CompletedProcess:
     from tfsync_testbed import localrun
 
     command = [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(FLAGS.ranks), "--ps", "1",
-               "--timeout", str(int(FLAGS.timeout)), "--", sys.executable, TRAIN,
+               "--timeout", str(int(FLAGS.timeout)), "--", FLAGS.python or sys.executable, TRAIN,
                *train_flags("async", condition, work)]
     return localrun.run(command, timeout=FLAGS.timeout + 30, env=env, cwd=REPO)
 

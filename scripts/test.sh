@@ -2,7 +2,7 @@
 # Installs everything the tests need (scripts/install.sh) and runs the whole test suite.
 #   bash scripts/test.sh [pytest args]
 #   bash scripts/test.sh -m "not slow"     # the fast subset, without multi-process training runs
-#   bash scripts/test.sh -n 2 --dist loadgroup   # two pytest-xdist workers: faster, see docs/TESTING.md
+#   bash scripts/test.sh -n 0                    # in one process (the default: two pytest-xdist workers)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TFSYNC_VENV:-$repo/.venv}
@@ -26,4 +26,5 @@ fi
 
 cd "$repo"
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
-exec "$venv/bin/python" -m pytest "$@"
+# Two pytest-xdist workers (docs/TESTING.md, "Two workers"); a later -n overrides it.
+exec "$venv/bin/python" -m pytest -n 2 --dist loadgroup "$@"

@@ -6,6 +6,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from tests.conftest import PYTHON, WORKERS, run_checked
 from tfsync_testbed import localrun
@@ -85,6 +86,9 @@ STREAMING_JOB = {**STREAMING, **FIXED_STEPS}  # a job of its own (tests/test_hyb
 KERAS3_STEPS = 4  # of every scenario without its own "steps"
 KERAS3_JOB = {**KERAS3, **AUTO_STEPS, **FIXED_STEPS, **AUTO_PARTIAL, **COMPOSED}
 _DONE = {}
+# Every test that uses keras3_job carries this mark: under pytest-xdist they run on one worker,
+# which runs the job once.
+KERAS3_SHARED = pytest.mark.xdist_group("hybrid-keras3-job")
 
 
 def run_scenarios(tmp_path, scenarios, steps, **env):

@@ -6,6 +6,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from tests.conftest import PYTHON, WORKERS, run_checked
 from tfsync_testbed import localrun
@@ -28,6 +29,9 @@ JOBS = {
     },
 }
 _DONE = {}
+# Every test that uses a job carries this mark: under pytest-xdist they run on one worker, which
+# runs each job once.
+SHARED = pytest.mark.xdist_group("sync-jobs")
 
 
 def job(num_proc, tmp_path_factory):

@@ -9,7 +9,7 @@ import pytest
 from tests import reference
 from tests.conftest import PYTHON, REPO, clean_env
 from tests.hybrid_jobs import (AS_PERIODIC, AUTO_PARTIAL, AUTO_STEPS, ELASTIC, FIXED_STEPS, KERAS3, SCENARIOS,
-                               keras3_job, run_scenarios)
+                               KERAS3_SHARED, keras3_job, run_scenarios)
 from tfsyncmodes import config as config_lib
 from tfsync_testbed import localrun
 from tfsyncmodes.errors import ConfigError
@@ -295,6 +295,7 @@ def check_local_steps(workers, knobs, steps, tolerance):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@KERAS3_SHARED
 def test_local_steps_auto_plans_each_round_by_the_speed_rule(tmp_path_factory):
     """Two groups whose slowest ranks sleep 0.325 s and 0.5 s a step, 8 steps, H = 4: every
     round's steps equal round(H * t_fastest / t_g) of the step times the run recorded (and
@@ -357,6 +358,7 @@ def check_against_numpy(workers, knobs, steps, tolerance):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@KERAS3_SHARED
 def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path_factory):
     steps = 4
     results = keras3_job(tmp_path_factory)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests import reference
-from tests.hybrid_jobs import COMPOSED, KERAS3_JOB, KERAS3_STEPS, SCENARIOS, keras3_job
+from tests.hybrid_jobs import COMPOSED, KERAS3_JOB, KERAS3_SHARED, KERAS3_STEPS, SCENARIOS, keras3_job
 from tests.test_hybrid import check_against_numpy, numpy_knobs
 
 STEPS = KERAS3_STEPS
@@ -18,6 +18,7 @@ PERIOD_3_NESTEROV = {"compression": "topk", "topk_ratio": 0.25, "period": 3, "cr
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@KERAS3_SHARED
 def test_hybrid_exchange_composed_in_python_equals_the_knobs_and_numpy(tmp_path_factory):
     assert set(COMPOSED) <= set(KERAS3_JOB) and KERAS3_JOB["periodic_topk"] == SCENARIOS["periodic_topk"]
     results = keras3_job(tmp_path_factory)

@@ -17,6 +17,7 @@ SIZE = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
 @pytest.mark.slow  # one horovodrun job per world size (tests/sync_jobs.py)
 @pytest.mark.parametrize("num_proc, compression", [(2, "topk"), (4, "topk"), (4, "fp16")])
 @pytest.mark.timeout(330)
+@sync_jobs.SHARED
 def test_compressed_sync_steps_equal_numpy(tmp_path_factory, num_proc, compression):
     steps, ratio = 3, 0.25
     workers = sync_jobs.scenario(sync_jobs.job(num_proc, tmp_path_factory), compression, num_proc)
@@ -43,6 +44,7 @@ def test_compressed_sync_steps_equal_numpy(tmp_path_factory, num_proc, compressi
 
 @pytest.mark.slow  # the two-rank horovodrun job of tests/sync_jobs.py
 @pytest.mark.timeout(330)
+@sync_jobs.SHARED
 def test_fp16_two_ranks_equals_numpy_float16_wire_with_and_without_error_feedback(tmp_path_factory):
     """Two ranks: each sends its compensated gradient as float16, the allreduce adds the two
     float16 values (one rounding, the same in either order), every rank divides the float32 of

@@ -116,6 +116,7 @@ def test_horovod_under_tf_keras(tmp_path):
 
 
 @pytest.mark.timeout(330)
+@sync_jobs.SHARED
 def test_strategy_reduce_sums_and_averages_over_the_ranks(tmp_path_factory):
     # Each rank contributes rank + 1, at the end of the shared two-rank job (tests/sync_jobs.py).
     outdir = sync_jobs.job(2, tmp_path_factory)

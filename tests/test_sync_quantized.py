@@ -28,6 +28,7 @@ def check_weights(worker, kernel, bias):
 @pytest.mark.slow
 @pytest.mark.parametrize("compression", ["int8", "topk_int2"])
 @pytest.mark.timeout(330)
+@sync_jobs.SHARED
 def test_quantized_sync_steps_equal_numpy(tmp_path_factory, compression):
     workers = run_sync(tmp_path_factory, compression)
     x, y = reference.linear_data(STEPS, 2)
@@ -41,6 +42,7 @@ def test_quantized_sync_steps_equal_numpy(tmp_path_factory, compression):
 
 @pytest.mark.slow
 @pytest.mark.timeout(330)
+@sync_jobs.SHARED
 def test_dgc_sync_steps_equal_numpy(tmp_path_factory):
     ratio, warmup, clip = 0.1, 2, 0.5  # steps 0-1 send 25 % of the entries, then 10 %
     assert sync_jobs.JOBS[2]["dgc"] == dict(steps=STEPS, compression="topk", topk_ratio=ratio, dgc=True,
