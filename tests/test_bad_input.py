@@ -170,6 +170,7 @@ def bad_train_flag_runs():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.xdist_group("bad-train-flags")  # one worker runs the module's sweep once
 @pytest.mark.parametrize("args, words", BAD_TRAIN_FLAGS,
                          ids=lambda value: value[0] if isinstance(value, list) else None)
 def test_bad_train_flags_are_one_line_with_status_2(args, words, bad_train_flag_runs):

@@ -76,6 +76,7 @@ def refusals():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.xdist_group("trainer-refusals")  # one worker runs the module's sweep once
 @pytest.mark.parametrize("name", sorted(REFUSALS))
 def test_bad_input_gives_one_line(name, refusals):
     assert_one_clear_error(refusals[name], *REFUSALS[name][2])

@@ -131,9 +131,10 @@ def _readme_commands(heading: str):
 @pytest.mark.timeout(900)
 def test_the_readme_commands_per_mode_train_as_written(tmp_path):
     """Each command of "One command per mode", as written, from the checkout (its `.venv/` and
-    `python` first on PATH, as after `source .venv/bin/activate`), for one epoch. When the tests
-    run with that `.venv`'s interpreter, the commands' `python` is the warm one (the same
-    interpreter with TensorFlow, Keras and Horovod imported once: tests/conftest.py)."""
+    `python` first on PATH, as after `source .venv/bin/activate`), for one epoch. The first runs
+    word for word; when the tests run with that `.venv`'s interpreter, the others' `python` is
+    the warm one (the same interpreter with TensorFlow, Keras and Horovod imported once:
+    tests/conftest.py)."""
     from tfsync_testbed import localrun
 
     commands = _readme_commands("One command per mode, on one host")
@@ -144,7 +145,7 @@ def test_the_readme_commands_per_mode_train_as_written(tmp_path):
     python_words = {".venv/bin/python", "python"}
     assert {w for c in commands for w in c if w.endswith("python")} == python_words
     if os.path.abspath(COLD_PYTHON) == os.path.join(venv_bin, "python"):
-        commands = [[PYTHON if w in python_words else w for w in c] for c in commands]
+        commands[1:] = [[PYTHON if w in python_words else w for w in c] for c in commands[1:]]
     env = clean_env(PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""))
     for mode, command in zip(modes, commands):
         metrics = tmp_path / f"{mode}.json"

@@ -156,13 +156,20 @@ def test_solo():
 @pytest.mark.parametrize("k", range(6))
 def test_other(k):
     _record(f"other{k}", 0.6)
+
+@pytest.mark.xdist_group("together")
+@pytest.mark.parametrize("k", range(4))
+def test_grouped(k):
+    with open(os.path.join(os.environ["SPANS"], f"worker{k}"), "w") as out:
+        out.write(os.environ["PYTEST_XDIST_WORKER"])
 '''
 
 
 @pytest.mark.timeout(180)
 def test_a_solo_test_runs_while_no_other_does_on_two_workers(tmp_path):
     """tests/conftest.py's `solo` lock, in a pytest run of its own on two xdist workers: the
-    other tests run two at a time, but none while the solo test runs."""
+    other tests run two at a time, but none while the solo test runs. And `--dist loadgroup`
+    runs the tests of one `xdist_group` on one worker (what the shared jobs rely on)."""
     pytest.importorskip("xdist")
     (tmp_path / "conftest.py").write_text(
         "from tests.conftest import pytest_configure_node, pytest_runtest_protocol, pytest_unconfigure\n")
@@ -170,11 +177,15 @@ def test_a_solo_test_runs_while_no_other_does_on_two_workers(tmp_path):
     spans = tmp_path / "spans"
     spans.mkdir()
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "tfsync-solo-*")))
-    result = subprocess.run([COLD_PYTHON, "-m", "pytest", "-q", "-n", "2", "-p", "no:randomly", "-p", "no:cacheprovider",
+    result = subprocess.run([COLD_PYTHON, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:randomly",
+                             "-p", "no:cacheprovider",
                              "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_spans.py")],
                             cwd=tmp_path, env=clean_env(SPANS=spans), capture_output=True, text=True, timeout=150)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    got = {path.name: tuple(map(float, path.read_text().split())) for path in spans.iterdir()}
+    workers = {path.read_text() for path in spans.glob("worker*")}
+    assert len(list(spans.glob("worker*"))) == 4 and len(workers) == 1, workers
+    got = {path.name: tuple(map(float, path.read_text().split())) for path in spans.iterdir()
+           if not path.name.startswith("worker")}
     assert len(got) == 7, sorted(got)
     solo = got.pop("solo")
     overlapping = [name for name, (start, end) in got.items() if start < solo[1] and end > solo[0]]

@@ -15,6 +15,8 @@ from tfsyncmodes.errors import ConfigError
 
 SIZE = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS  # 18 entries
 _DONE = {}
+# The tests of the shared job run on one pytest-xdist worker, which runs the job once.
+SHARED = pytest.mark.xdist_group("hybrid-streaming-job")
 # (step, fragment) of each round by the documented rule, written out: period 4, fragment p after
 # the steps p * 4 / K + 4j; the warm-up's step 1 averages the whole model.
 SCHEDULES = {"streaming_2_average": [(2, 1), (4, 0), (6, 1), (8, 0)],
@@ -47,6 +49,7 @@ def replay(workers, knobs):
 
 @pytest.mark.slow  # horovodrun -np 4
 @pytest.mark.timeout(900)
+@SHARED
 def test_streaming_fragments_equal_numpy_and_send_one_fragment_per_exchange(tmp_path_factory):
     results = streaming_job(tmp_path_factory)
     for name in ("streaming_2_average", "streaming_4_nesterov", "streaming_2_topk_nesterov"):
@@ -86,6 +89,7 @@ def test_streaming_fragments_equal_numpy_and_send_one_fragment_per_exchange(tmp_
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@SHARED
 def test_one_fragment_is_periodic_averaging_bit_for_bit(tmp_path_factory):
     results = streaming_job(tmp_path_factory)
     assert STREAMING["streaming_1"] == dict(FIXED_STEPS["periodic_period_3"], fragments=1)

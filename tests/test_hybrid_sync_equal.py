@@ -12,6 +12,9 @@ from tests import reference
 from tests.conftest import PYTHON, WORKERS, run_checked
 from tfsync_testbed import localrun
 
+# The module's tests share one job: on one pytest-xdist worker, which runs it once.
+pytestmark = pytest.mark.xdist_group("hybrid-sync-equal-job")
+
 STEPS = 4
 # One horovodrun -np 4 job (groups of 2) trains every scenario in turn; the tests assert on it.
 SCENARIOS = {
