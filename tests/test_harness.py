@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import COLD_PYTHON, PYTHON, REPO, WARM_DIR, WORKERS, clean_env, run_cluster
-from tfsync_testbed import localrun, warmrun
+from tfsync_testbed import localrun, warmpython, warmrun
 
 # Task 1 writes far more than a pipe buffer (64 KiB) before it lets task 0 go on, as a rank
 # that logs a lot does while the chief waits for it in a collective.
@@ -193,3 +193,14 @@ def test_a_solo_test_runs_while_no_other_does_on_two_workers(tmp_path):
     pairs = [(a, b) for a in got for b in got if a < b and got[a][0] < got[b][1] and got[b][0] < got[a][1]]
     assert pairs, got  # the others did run two at a time: the check above could have failed
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "tfsync-solo-*"))) <= before  # its locks removed
+
+
+def test_the_warm_interpreter_keys_its_servers_by_what_the_import_reads():
+    """A program with TF_USE_LEGACY_KERAS=0 imports Keras 3, as with it unset (TensorFlow takes
+    only true, True or 1): both reach the Keras 3 server, and tf_keras's is another."""
+    keras3 = warmpython.socket_path("d", {"PYTHONPATH": REPO})
+    for value in ("0", "", "false"):
+        assert warmpython.socket_path("d", {"PYTHONPATH": REPO, "TF_USE_LEGACY_KERAS": value}) == keras3
+    for value in ("1", "true", "True"):
+        assert warmpython.socket_path("d", {"PYTHONPATH": REPO, "TF_USE_LEGACY_KERAS": value}) != keras3
+    assert warmpython.socket_path("d", {"PYTHONPATH": "elsewhere"}) != keras3

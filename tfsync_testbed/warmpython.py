@@ -45,8 +45,15 @@ IMPORT_TIME_VARS = ("TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH",
 NAMESPACES = ("net", "uts", "mnt")
 
 
+def import_settings(env) -> list:
+    """`env`'s import-time settings as the import reads them: TF_USE_LEGACY_KERAS only counts as
+    true, True or 1 (TensorFlow's test), so "0" is Keras 3 as much as unset is."""
+    legacy = env.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
+    return [legacy if name == "TF_USE_LEGACY_KERAS" else env.get(name) for name in IMPORT_TIME_VARS]
+
+
 def socket_path(directory: str, env) -> str:
-    key = json.dumps([env.get(name) for name in IMPORT_TIME_VARS])
+    key = json.dumps(import_settings(env))
     return os.path.join(directory, hashlib.sha1(key.encode()).hexdigest()[:16] + ".sock")
 
 
