@@ -102,7 +102,8 @@ def run_horovod(bed, mesh, env, mode: str, condition: str, work: str) -> subproc
     hosts = ",".join(f"{h.name}:{n}" for h, n in zip(bed.hosts, hosts_layout(FLAGS.ranks)))
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     command = [horovodrun, "-np", str(FLAGS.ranks), "-H", hosts, "--network-interface", "tfs0",
-               *mesh.horovodrun_args(), "--gloo", FLAGS.python or sys.executable, TRAIN, *train_flags(mode, condition, work)]
+               *mesh.horovodrun_args(), "--gloo", FLAGS.python or sys.executable, TRAIN,
+               *train_flags(mode, condition, work)]
     return bed.hosts[0].run(command, timeout=FLAGS.timeout, env=env, cwd=REPO)
 
 

@@ -25,8 +25,9 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
     """A chaos run of `mode` ("sync" or "async"); `interval` (low, high) seconds between kills,
     None for an undisturbed run. No kill comes before the first step or once the job is within
     `quiet_tail` of its promised steps (so that each failure has its recovery inside the run).
-    `python` is the interpreter of the job's processes. Returns the analysis, the kills, the final state the chief wrote, and what was left behind
-    (every process of the run is killed and its temporary directory removed in any case)."""
+    `python` is the interpreter of the job's processes. Returns the analysis, the kills, the
+    final state the chief wrote, and what was left behind (every process of the run is killed
+    and its temporary directory removed in any case)."""
     if mode not in ("sync", "async"):
         raise ValueError(f"chaos runs exist for sync and async, not {mode!r}")
     promised = epochs * steps_per_epoch

@@ -1,6 +1,7 @@
 """The test harness itself: a rank that writes a lot while another waits for it must not hang;
 a case forked from a warm process, and a program run by the warm interpreter, exit, print and
-fail as the same program run by Python."""
+fail as the same program run by Python; under two pytest-xdist workers a `solo` test runs alone
+and the tests of one `xdist_group` share a worker."""
 import glob
 import os
 import signal
