@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import OWNER, OWNER_VAR, PYTHON, REPO, clean_env, owned_processes, run_checked
+from tests.conftest import OWNER, OWNER_VAR, PYTHON, REPO, WORKERS, clean_env, owned_processes, run_checked
 from tfsync_testbed import localrun
 
 EPOCHS = 8
@@ -165,3 +165,30 @@ def test_async_resumes_after_its_chief_is_killed(tmp_path):
     run_checked(command("async", tmp_path, tmp_path / "resumed.json", epochs), timeout=300)
     check_resumed(json.loads((tmp_path / "resumed.json").read_text()), first_losses, completed, epochs,
                   STEPS_PER_EPOCH)
+
+
+@pytest.mark.timeout(150)
+def test_a_save_stopped_between_weights_and_record_resumes_from_the_last_whole_backup(tmp_path):
+    """Under Keras 3 the weights and the epoch are two files: a process killed after writing an
+    epoch's weights but before its record must resume from the previous epoch's weights, not pair
+    the new weights (and step count) with the old epoch."""
+    run_checked([PYTHON, os.path.join(WORKERS, "backup_commit.py"), str(tmp_path)], timeout=120,
+                TF_USE_LEGACY_KERAS="0")
+    seen = json.loads((tmp_path / "backup_commit.json").read_text())
+    weights = np.load(tmp_path / "weights.npz")
+    last_whole, steps = seen["stopped_at"] - 1, seen["steps_per_epoch"]
+    assert seen["held_steps"][str(last_whole)] == last_whole * steps  # the first run's own count
+    assert seen["epochs_run"] == list(range(last_whole, seen["epochs"]))
+    assert seen["begin_steps"] == last_whole * steps
+    held = sorted(k for k in weights.files if k.startswith(f"held{last_whole}_"))
+    begin = sorted(k for k in weights.files if k.startswith("begin_"))
+    assert len(held) == len(begin) == 4
+    for h, b in zip(held, begin):
+        np.testing.assert_array_equal(weights[b], weights[h])
+    # The stopped save left its weights beside the last whole backup; the record names the latter.
+    assert seen["files_after_stop"] == sorted([f"epoch{last_whole}-batch0.weights.h5",
+                                               f"epoch{seen['stopped_at']}-batch0.weights.h5",
+                                               "training_metadata.json"])
+    # A finished save removes the weights its record no longer names.
+    assert seen["files_after_resume"] == sorted([f"epoch{seen['epochs']}-batch0.weights.h5", "training_metadata.json"])
+

@@ -69,8 +69,9 @@ def test_a_resumed_run_restores_every_value_and_ends_as_the_uninterrupted_run(tm
     first = train(tmp_path / "first", tmp_path / "dir", FIRST, case)
     names = [str(n) for n in first[0]["names"]]
     backup_dir = tmp_path / "dir" / "backup"
-    assert json.loads((backup_dir / "training_metadata.json").read_text())["epoch"] == FIRST  # epochs completed
-    backup, inner = read_backup(backup_dir / "latest.weights.h5", names)
+    record = json.loads((backup_dir / "training_metadata.json").read_text())
+    assert record["epoch"] == FIRST  # epochs completed
+    backup, inner = read_backup(backup_dir / record["weights"], names)  # the weights the record names
     inner_names = [n for n in names if n.startswith(("adam/", "sgd/"))]
     assert len(inner) == len(inner_names) > 0, (inner_names, len(inner))
     # The backup is what the chief held after epoch FIRST: FIRST * STEPS steps of the inner

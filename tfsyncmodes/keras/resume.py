@@ -7,7 +7,8 @@ of one job must not do to one directory: here the chief writes and every process
 kept when training ends, so rerunning a finished run trains no more epochs. Under Keras 3 the
 weights and the epoch are each written to a temporary file and renamed into place, so a process
 killed while writing leaves the previous backup whole (tf_keras' checkpoint manager already
-does so).
+does so): the weights go to a file named by the epoch, and the epoch's record, written last,
+names that file, so weights and epoch always come from the same save.
 """
 from __future__ import annotations
 
@@ -36,9 +37,26 @@ class ResumeFromBackup(keras.callbacks.BackupAndRestore):
             if self.writes is False:
                 return
             os.makedirs(self.backup_dir, exist_ok=True)
+            name = f"epoch{self._current_epoch}-batch{self._last_batch_seen}.weights.h5"
             partial = os.path.join(self.backup_dir, "partial.weights.h5")
             self.model.save_weights(partial, overwrite=True)
-            os.replace(partial, self._weights_path)
+            os.replace(partial, os.path.join(self.backup_dir, name))
+            self._commit({"epoch": self._current_epoch, "batch": self._last_batch_seen, "weights": name})
+            for old in os.listdir(self.backup_dir):  # the backups the record no longer names
+                if old.endswith(".weights.h5") and old not in (name, "partial.weights.h5"):
+                    os.remove(os.path.join(self.backup_dir, old))
+
+        def _commit(self, record):
+            """Makes `record` the backup: the one write a resume trusts (weights it does not
+            name are from a save that did not finish)."""
             with open(self._training_metadata_path + ".partial", "w", encoding="utf-8") as handle:
-                json.dump({"epoch": self._current_epoch, "batch": self._last_batch_seen}, handle)
+                json.dump(record, handle)
             os.replace(self._training_metadata_path + ".partial", self._training_metadata_path)
+
+        def _load_model(self):
+            if os.path.exists(self._training_metadata_path):
+                with open(self._training_metadata_path, encoding="utf-8") as handle:
+                    named = json.load(handle).get("weights")
+                if named:  # a backup written before the record named its weights keeps the default
+                    self._weights_path = os.path.join(self.backup_dir, named)
+            super()._load_model()
