@@ -164,6 +164,17 @@ def solo_turn(folder, solo):
             fcntl.flock(turn, fcntl.LOCK_UN)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """On a pytest-xdist worker, the `slow` tests first, each part in the order it came (random
+    under pytest-randomly, whose shuffle runs before this): the long multi-process jobs are then
+    spread over both workers from the start, and the run does not end with one worker on a long
+    job while the other has nothing left. Every worker sorts alike, as xdist requires. In one
+    process the order is left as it is."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     folder = getattr(item.config, "workerinput", {}).get(SOLO_KEY)

@@ -196,6 +196,50 @@ def test_a_solo_test_runs_while_no_other_does_on_two_workers(tmp_path):
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "tfsync-solo-*"))) <= before  # its locks removed
 
 
+SLOW_FIRST_TESTS = '''
+import os, time
+import pytest
+
+def _record(name):
+    with open(os.path.join(os.environ["SPANS"], name), "w") as out:
+        out.write(f"{os.environ['PYTEST_XDIST_WORKER']} {time.monotonic()}")
+    time.sleep(0.2)
+
+''' + "".join(f"def test_quick{k}(): _record('quick{k}')\n" for k in range(8)) + """
+@pytest.mark.slow
+def test_long0(): _record('long0')
+
+@pytest.mark.slow
+def test_long1(): _record('long1')
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_slow_tests_start_first_on_two_workers_in_random_order(tmp_path, seed):
+    """tests/conftest.py puts the `slow` tests first on pytest-xdist workers, after
+    pytest-randomly's shuffle: in a run of its own on two workers, the two slow tests, written
+    last, are each the first test its worker runs, and the quick ones still run in random order
+    (pytest-randomly alone puts a quick test first under both seeds)."""
+    pytest.importorskip("xdist")
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_collection_modifyitems\n")
+    (tmp_path / "test_order.py").write_text(SLOW_FIRST_TESTS)
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    result = subprocess.run([COLD_PYTHON, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "randomly",
+                             "-p", "no:cacheprovider", f"--randomly-seed={seed}",
+                             "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_order.py")],
+                            cwd=tmp_path, env=clean_env(SPANS=spans), capture_output=True, text=True, timeout=150)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs = {path.name: (path.read_text().split()[0], float(path.read_text().split()[1])) for path in spans.iterdir()}
+    assert len(runs) == 10, sorted(runs)
+    firsts = {worker: min((start, name) for name, (w, start) in runs.items() if w == worker)[1]
+              for worker in {w for w, _ in runs.values()}}
+    assert sorted(firsts.values()) == ["long0", "long1"], (firsts, runs)
+    quick_order = [name for _, name in sorted((start, name) for name, (_, start) in runs.items() if "quick" in name)]
+    assert quick_order != sorted(quick_order), quick_order  # shuffled: the sort kept the random order
+
+
 def test_the_warm_interpreter_keys_its_servers_by_what_the_import_reads():
     """A program with TF_USE_LEGACY_KERAS=0 imports Keras 3, as with it unset (TensorFlow takes
     only true, True or 1): both reach the Keras 3 server, and tf_keras's is another."""
