@@ -175,9 +175,12 @@ def test_policy_combinations_that_cannot_run_are_config_errors(overrides, words)
     assert not recipes.switch_plan(schedule)[0].decides_at_rounds
 
 
-# --- the whole policy: horovodrun -np 4, rank 1 4x slow during 30 %-45 % of the run ---------
+# --- the whole policy: horovodrun -np 4, rank 1 4x slow in steps 42-62 of 180 ---------------
 
-EPOCHS, STEPS = 7, 20  # the straggler is slow from epoch 2 batch 2 to epoch 3 batch 3 (its own batches)
+# The straggler is slow from epoch 2 batch 2 to epoch 3 batch 2 (its own batches), so the epoch
+# after the switch starts slow; the way back to sync then has 117 steps (under 4 ranks on 2 cores
+# a group's step times once took over 77 to settle below the lower threshold).
+EPOCHS, STEPS, SLOW_STEPS = 9, 20, (42, 63)
 
 
 def mode_changes(modes):
@@ -200,9 +203,10 @@ def test_straggler_policy_switches_to_hybrid_inside_the_window_and_back(tmp_path
     command = localrun.horovodrun_command(4, [PYTHON, os.path.join(WORKERS, "switch_policy_run.py"), str(tmp_path),
                                               f"--epochs={EPOCHS}", f"--steps={STEPS}"])
     result = run_checked(command, timeout=540, TFSYNC_SWITCH_POLICY="straggler", TFSYNC_SWITCH_INTERVAL="4",
-                         TFSYNC_SWITCH_PATIENCE="2", TFSYNC_SLOW_WORKER="1:4.0@30%-45%")
+                         TFSYNC_SWITCH_PATIENCE="2",
+                         TFSYNC_SLOW_WORKER="1:4.0@{:g}%-{:g}%".format(*(100 * s / EPOCHS / STEPS for s in SLOW_STEPS)))
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(4)]
-    first, stop = 42, 64
+    first, stop = SLOW_STEPS[0], SLOW_STEPS[1] + 1
     switches = [json.loads(str(r["switches"])) for r in ranks]
     # Every rank made the same switches; the first at the same step on every rank (all ran
     # every step until then), inside the straggler's window; the last back to sync.
