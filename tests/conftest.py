@@ -164,27 +164,6 @@ def solo_turn(folder, solo):
             fcntl.flock(turn, fcntl.LOCK_UN)
 
 
-SLOW_SPREAD = 0.8  # the share of the run, from its start, over which the `slow` tests are spread
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config, items):
-    """On a pytest-xdist worker, the `slow` tests spread evenly over the first 80 % of the order
-    and none after, each kind in the order it came (random under pytest-randomly, whose shuffle
-    runs before this). Two long multi-process jobs at once on two cores slow each other down
-    (slow tests first made the run 8 % longer), and a long job at the end leaves the other
-    worker with nothing to do; spread, each long job runs beside short ones and the run ends on
-    short ones. Every worker sorts alike, as xdist requires. In one process the order is left as
-    it is."""
-    if not hasattr(config, "workerinput"):
-        return
-    slow = [item for item in items if item.get_closest_marker("slow") is not None]
-    quick = [item for item in items if item.get_closest_marker("slow") is None]
-    placed = [((i + 0.5) / len(slow) * SLOW_SPREAD, item) for i, item in enumerate(slow)]
-    placed += [((i + 0.5) / len(quick), item) for i, item in enumerate(quick)]
-    items[:] = [item for _, item in sorted(placed, key=lambda pair: pair[0])]
-
-
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     folder = getattr(item.config, "workerinput", {}).get(SOLO_KEY)

@@ -196,45 +196,6 @@ def test_a_solo_test_runs_while_no_other_does_on_two_workers(tmp_path):
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "tfsync-solo-*"))) <= before  # its locks removed
 
 
-SPREAD_TESTS = '''
-import os, time
-import pytest
-
-def _record(name):
-    with open(os.path.join(os.environ["SPANS"], name), "w") as out:
-        out.write(f"{os.environ['PYTEST_XDIST_WORKER']} {time.monotonic()}")
-    time.sleep(0.1)
-
-''' + "".join(f"def test_quick{k}(): _record('quick{k}')\n" for k in range(16)) + "".join(
-    f"@pytest.mark.slow\ndef test_long{k}(): _record('long{k}')\n" for k in range(4))
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("seed", [2, 6])  # seeds whose shuffle alone starts no slow test among the first 4
-def test_the_slow_tests_are_spread_over_the_run_and_none_ends_it(tmp_path, seed):
-    """tests/conftest.py spreads the `slow` tests over the first 80 % of the order on
-    pytest-xdist workers, after pytest-randomly's shuffle: in a run of its own on two workers,
-    16 quick tests and 4 slow ones (written last) start one slow test among the first 4 and none
-    among the last 4, and each kind still runs in random order."""
-    pytest.importorskip("xdist")
-    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_collection_modifyitems\n")
-    (tmp_path / "test_order.py").write_text(SPREAD_TESTS)
-    spans = tmp_path / "spans"
-    spans.mkdir()
-    result = subprocess.run([COLD_PYTHON, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "randomly",
-                             "-p", "no:cacheprovider", f"--randomly-seed={seed}",
-                             "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_order.py")],
-                            cwd=tmp_path, env=clean_env(SPANS=spans), capture_output=True, text=True, timeout=150)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    starts = {path.name: float(path.read_text().split()[1]) for path in spans.iterdir()}
-    assert len(starts) == 20, sorted(starts)
-    order = sorted(starts, key=starts.get)
-    assert any(name.startswith("long") for name in order[:4]), order
-    assert not any(name.startswith("long") for name in order[-4:]), order
-    quick = [name for name in order if name.startswith("quick")]
-    assert quick != sorted(quick, key=lambda name: int(name[5:])), quick  # the shuffle kept
-
-
 def test_the_warm_interpreter_keys_its_servers_by_what_the_import_reads():
     """A program with TF_USE_LEGACY_KERAS=0 imports Keras 3, as with it unset (TensorFlow takes
     only true, True or 1): both reach the Keras 3 server, and tf_keras's is another."""
