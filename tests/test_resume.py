@@ -191,4 +191,3 @@ def test_a_save_stopped_between_weights_and_record_resumes_from_the_last_whole_b
                                                "training_metadata.json"])
     # A finished save removes the weights its record no longer names.
     assert seen["files_after_resume"] == sorted([f"epoch{seen['epochs']}-batch0.weights.h5", "training_metadata.json"])
-
