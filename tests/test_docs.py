@@ -144,9 +144,10 @@ def test_the_readme_gives_one_command_per_mode_with_the_checkouts_python():
 def test_the_readme_command_of_each_mode_trains_as_written(tmp_path, mode):
     """The command of "One command per mode" for `mode`, as written, from the checkout (its
     `.venv/` and `python` first on PATH, as after `source .venv/bin/activate`), for one epoch.
-    When the tests run with that `.venv`'s interpreter, its `python` is the warm one (the same
-    interpreter with TensorFlow, Keras and Horovod imported once: tests/conftest.py). The
-    `.venv`'s interpreter started cold trains in test_packaging.py (`tfsyncmodes-train`)."""
+    When the tests run with that `.venv`'s interpreter, its `python` and `horovodrun` run under
+    the warm one (the same interpreter with TensorFlow, Keras and Horovod imported once:
+    tests/conftest.py). The `.venv`'s interpreter started cold trains in test_packaging.py
+    (`tfsyncmodes-train`)."""
     from tfsync_testbed import localrun
 
     command = _readme_commands("One command per mode, on one host")[README_MODES.index(mode)]
@@ -154,7 +155,9 @@ def test_the_readme_command_of_each_mode_trains_as_written(tmp_path, mode):
     venv_bin = os.path.join(REPO, ".venv", "bin")
     assert os.path.isfile(os.path.join(venv_bin, "horovodrun")), "the README's commands need scripts/install.sh's .venv"
     if os.path.abspath(COLD_PYTHON) == os.path.join(venv_bin, "python"):
-        command = [PYTHON if w in PYTHON_WORDS else w for w in command]
+        # Horovod's launcher too: `horovodrun` is `python -m horovod.runner.launch`.
+        command = [v for w in command for v in ([PYTHON] if w in PYTHON_WORDS else
+                                                localrun.horovodrun(PYTHON) if w == ".venv/bin/horovodrun" else [w])]
     env = clean_env(PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""))
     metrics = tmp_path / f"{mode}.json"
     result = localrun.run(command + ["--epochs=1", f"--model_dir={tmp_path / mode}", f"--metrics_file={metrics}"],

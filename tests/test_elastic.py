@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import COLD_PYTHON, PYTHON, REPO, WORKERS, clean_env
+from tests.conftest import PYTHON, REPO, WORKERS, clean_env
 from tests.workers.elastic_run import CLASSES, LEARNING_RATE, data
 from tfsync_testbed import localrun
 
@@ -37,10 +37,9 @@ def discovery(tmp_path, names):
 def elastic_job(tmp_path, script, np_start, timeout=200, **env):
     out = tmp_path / "out"
     out.mkdir()
-    horovodrun = os.path.join(os.path.dirname(COLD_PYTHON), "horovodrun")
     command = list(localrun.loopback_namespace_prefix()) + [
-        horovodrun, "--gloo", "--network-interface", "lo", "-np", str(np_start), "--min-np", "2",
-        "--max-np", "3", "--host-discovery-script", str(script),
+        *localrun.horovodrun(PYTHON), "--gloo", "--network-interface", "lo", "-np", str(np_start),
+        "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
         PYTHON, os.path.join(WORKERS, "elastic_run.py")]
     started = time.monotonic()
     try:

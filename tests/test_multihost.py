@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import COLD_PYTHON, PYTHON, REPO, WORKERS, clean_env, tf_config
+from tests.conftest import PYTHON, REPO, WORKERS, clean_env, tf_config
 from tests.test_hybrid import SCENARIOS, check_against_numpy
 from tests.test_sync_horovod import check_mean_gradient_training, load_workers
 from tfsync_testbed import localrun, netns, ssh
@@ -29,7 +29,6 @@ pytestmark = pytest.mark.xdist_group("namespace-hosts")
 
 TRAIN = os.path.join(REPO, "scripts", "train.py")
 STEPS_PER_EPOCH = 1437 // 64
-HOROVODRUN = os.path.join(os.path.dirname(COLD_PYTHON), "horovodrun")
 
 
 def why_no_bed():
@@ -257,7 +256,7 @@ def test_multi_worker_mirrored_one_worker_per_host_equals_numpy(bed, tmp_path):
 def horovodrun_over_ssh(bed, mesh, command, timeout, **env):
     """``horovodrun -np 4 -H hostA:2,hostB:2 --gloo`` started on host A, over SSH to host B."""
     a, b = bed.hosts
-    argv = [HOROVODRUN, "-np", "4", "-H", f"{a.name}:2,{b.name}:2", "--gloo",
+    argv = [*localrun.horovodrun(PYTHON), "-np", "4", "-H", f"{a.name}:2,{b.name}:2", "--gloo",
             "--network-interface", netns.IFACE, *mesh.horovodrun_args(), *command]
     result = a.run(argv, timeout=timeout, env=mesh.env(clean_env(**env)), cwd=REPO)
     if result.returncode != 0:
