@@ -161,6 +161,20 @@ def _numpy_loss(arrays, x, y):
     return float(np.mean(np.log(np.exp(h - top).sum(axis=1)) + top[:, 0] - h[np.arange(len(y)), y]))
 
 
+def test_a_phase_starts_horovod_under_the_ranks_own_python():
+    """A sync or hybrid phase runs Horovod's launcher as the ranks' interpreter's module (the
+    Horovod they import), and the `horovodrun` script for a program that is not a Python."""
+    from tfsyncmodes.switching.phases import launching
+
+    for python in ("/opt/env/bin/python", "python3.11", PYTHON):
+        assert launching.horovodrun_command(2, [python, "train.py"]) == [
+            python, "-m", "horovod.runner.launch", "-np", "2", "-H", "localhost:2", "--gloo",
+            "--network-interface", "lo", python, "train.py"]
+    for program in ("./train.sh", "ipython"):
+        command = launching.horovodrun_command(2, [program])
+        assert os.path.basename(command[0]) == "horovodrun" and command[-1] == program, command
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(720)
 def test_sync_async_sync_through_the_launcher(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -80,8 +81,12 @@ def horovodrun_path() -> Optional[str]:
 
 def horovodrun_command(ranks: int, command: Sequence[str]) -> List[str]:
     """``horovodrun -np N`` on this host over Gloo and the loopback interface, inside the
-    launcher's namespace."""
-    return [horovodrun_path() or "horovodrun", "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
+    launcher's namespace. Where the ranks' program is a Python, Horovod's launcher runs under
+    that interpreter (``python -m horovod.runner.launch``, what the ``horovodrun`` script runs),
+    so it is the Horovod the ranks import."""
+    python = bool(command) and re.fullmatch(r"(.*[-_])?python[\d.]*", os.path.basename(command[0])) is not None
+    launcher = [command[0], "-m", "horovod.runner.launch"] if python else [horovodrun_path() or "horovodrun"]
+    return [*launcher, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
             "--network-interface", "lo", *command]
 
 
