@@ -66,7 +66,7 @@ def test_time_to_target_matches_numpy_interpolation():
 
 
 def test_bad_flag_is_one_line_and_exit_2(tmp_path):
-    result = subprocess.run([*SCRIPT, "--modes=sync,bogus", f"--docs_dir={tmp_path}"],
+    result = subprocess.run([PYTHON, *SCRIPT[1:], "--modes=sync,bogus", f"--docs_dir={tmp_path}"],
                             capture_output=True, text=True, timeout=120, cwd=REPO, env=clean_env())
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error:")]
@@ -163,9 +163,9 @@ def load():
 def test_train_runs_your_own_model_and_data(tmp_path):
     (tmp_path / "myhooks.py").write_text(HOOKS)
     metrics = tmp_path / "metrics.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TFSYNC_", "TF_CONFIG", "HOROVOD_"))}
+    env = clean_env()
     result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "train.py"), "--model=myhooks:build", "--data=myhooks:load",
+        [PYTHON, os.path.join(REPO, "scripts", "train.py"), "--model=myhooks:build", "--data=myhooks:load",
          "--epochs=2", "--batch_size=32", f"--model_dir={tmp_path / 'run'}", f"--metrics_file={metrics}"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -174,7 +174,7 @@ def test_train_runs_your_own_model_and_data(tmp_path):
     assert got["steps_per_epoch"] == 256 // 32 and got["steps"] == 2 * 8
     assert 0.0 <= got["test_accuracy"] <= 1.0
 
-    bad = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "train.py"), "--model=myhooks:nothing"],
+    bad = subprocess.run([PYTHON, os.path.join(REPO, "scripts", "train.py"), "--model=myhooks:nothing"],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert bad.returncode == 2
     assert [line for line in bad.stderr.splitlines() if line.startswith("tfsyncmodes: error:")] == [

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf  # noqa: F401  (a broken TensorFlow must fail these tests, not skip them)
 
 from tests import reference
+from tests.conftest import PYTHON, clean_env
 from tfsyncmodes.exchange import kernels
 
 
@@ -64,8 +65,9 @@ def test_one_log_line_says_which_implementation_runs(tmp_path):
     code = ("from absl import app\n"
             "from tfsyncmodes.exchange.compressors import TopK\n"
             "app.run(lambda argv: len([TopK(), TopK()]) and None)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    (tmp_path / "two_topk.py").write_text(code)
+    done = subprocess.run([PYTHON, str(tmp_path / "two_topk.py")], capture_output=True, text=True, timeout=120,
+                          env=clean_env())
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if "Top-K runs" in line]
     assert len(lines) == 1, done.stderr
