@@ -146,6 +146,27 @@ def pytest_unconfigure(config):
         shutil.rmtree(config.tfsync_solo_locks, ignore_errors=True)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` with one test queued ahead on each worker instead of pytest-xdist's
+    three: when the queue of work runs dry, what a worker still holds is all it runs while the
+    other may have nothing left, and here one test can take a minute."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class OneAhead(LoadGroupScheduling):
+        def _reschedule(self, node):
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+            elif self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return OneAhead(config, log)
+
+
 @contextlib.contextmanager
 def solo_turn(folder, solo):
     """Holds the run lock (exclusive if `solo`) for the block; nothing when `folder` is None."""

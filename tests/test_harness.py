@@ -170,10 +170,12 @@ def test_grouped(k):
 def test_a_solo_test_runs_while_no_other_does_on_two_workers(tmp_path):
     """tests/conftest.py's `solo` lock, in a pytest run of its own on two xdist workers: the
     other tests run two at a time, but none while the solo test runs. And `--dist loadgroup`
-    runs the tests of one `xdist_group` on one worker (what the shared jobs rely on)."""
+    runs the tests of one `xdist_group` on one worker (what the shared jobs rely on), with
+    the conftest's scheduler (one test queued ahead on each worker)."""
     pytest.importorskip("xdist")
     (tmp_path / "conftest.py").write_text(
-        "from tests.conftest import pytest_configure_node, pytest_runtest_protocol, pytest_unconfigure\n")
+        "from tests.conftest import pytest_configure_node, pytest_runtest_protocol, pytest_unconfigure, "
+        "pytest_xdist_make_scheduler\n")
     (tmp_path / "test_spans.py").write_text(SOLO_TESTS)
     spans = tmp_path / "spans"
     spans.mkdir()
