@@ -110,7 +110,10 @@ def _kill_outcome(run: dict, equal_wall: Optional[float]) -> dict:
         rerun = run.get("rerun")
         if rerun:
             total += rerun["wall_seconds"]
-            epochs = [row["epoch"] for row in rerun.get("curve", []) if row["epoch"] >= 0]
+            # The epochs the rerun trained, from its own metrics: its curve, read from the model
+            # dir, also holds the epochs the backup's History brought back from the first run.
+            epochs = (rerun.get("metrics") or {}).get("epochs_run") or [
+                row["epoch"] for row in rerun.get("curve", []) if row["epoch"] >= 0]
             out["rerun_returncode"] = rerun["returncode"]
             if rerun["returncode"] != 0:
                 out["rerun_error"] = rerun.get("error", "")

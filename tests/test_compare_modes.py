@@ -51,6 +51,22 @@ def test_plan_has_every_mode_and_swept_policy():
     assert any("sync / emulated slow" in line and "--compute_slow_worker=1:4" in line for line in lines)
 
 
+def test_a_rerun_is_said_to_resume_from_the_epochs_it_trained():
+    """A rerun's curve, read from the model dir, also holds the first run's epochs (the backup's
+    History comes back with it): whether it resumed is read from the epochs it trained."""
+    from benchmarks.compare_report import _kill_outcome
+
+    curve = [{"epoch": e, "wall_time": 100.0 + e, "loss": 1.0 / (e + 2)} for e in range(-1, 10)]
+    killed = {"killed_at_seconds": 19.0, "killed_after_epoch": 5, "wall_seconds": 25.0, "returncode": 1,
+              "error": "RuntimeError: Horovod detected ..."}
+    resumed = _kill_outcome(dict(killed, rerun={"wall_seconds": 20.0, "returncode": 0, "curve": curve,
+                                                "metrics": {"epochs_run": [5, 6, 7, 8, 9]}}), 30.0)
+    assert (resumed["resumed"], resumed["rerun_first_epoch"], resumed["extra_seconds"]) == (True, 5, 15.0)
+    over = _kill_outcome(dict(killed, rerun={"wall_seconds": 40.0, "returncode": 0, "curve": curve,
+                                             "metrics": {"epochs_run": list(range(10))}}), 30.0)
+    assert (over["resumed"], over["rerun_first_epoch"]) == (False, 0)
+
+
 def test_time_to_target_matches_numpy_interpolation():
     from benchmarks.compare_report import time_to
 
