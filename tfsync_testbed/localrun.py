@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,7 +16,10 @@ import sys
 from typing import Mapping, Optional, Sequence
 
 
-PYTHONS = ("python", "python3", "warm-python")  # a command that starts one of these runs Python
+# A program named like an interpreter (python, python3.11, warm-python) runs Python: the rule of
+# tfsyncmodes/switching/phases/launching.py, which is not imported here (the package would
+# import TensorFlow).
+PYTHON_NAME = re.compile(r"(.*[-_])?python[\d.]*")
 
 
 @functools.lru_cache(maxsize=1)
@@ -50,7 +54,7 @@ def horovodrun(python: Optional[str] = None) -> list:
 def horovodrun_command(num_proc: int, command: Sequence[str], extra: Sequence[str] = ()) -> list:
     """``horovodrun -np N`` on localhost over Gloo and the loopback interface. Where the ranks'
     program is a Python (``command[0]``), the launcher runs under that interpreter too."""
-    python = command[0] if os.path.basename(command[0]).split(".")[0] in PYTHONS else None
+    python = command[0] if PYTHON_NAME.fullmatch(os.path.basename(command[0])) else None
     return list(loopback_namespace_prefix()) + [
         *horovodrun(python), "-np", str(num_proc), "-H", f"localhost:{num_proc}", "--gloo",
         "--network-interface", "lo", *extra, *command]
