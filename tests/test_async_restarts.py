@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import time
 
 import pytest
 

@@ -156,8 +156,8 @@ def test_the_readme_command_of_each_mode_trains_as_written(tmp_path, mode):
     assert os.path.isfile(os.path.join(venv_bin, "horovodrun")), "the README's commands need scripts/install.sh's .venv"
     if os.path.abspath(COLD_PYTHON) == os.path.join(venv_bin, "python"):
         # Horovod's launcher too: `horovodrun` is `python -m horovod.runner.launch`.
-        command = [v for w in command for v in ([PYTHON] if w in PYTHON_WORDS else
-                                                localrun.horovodrun(PYTHON) if w == ".venv/bin/horovodrun" else [w])]
+        warm = {".venv/bin/horovodrun": localrun.horovodrun(PYTHON), **{w: [PYTHON] for w in PYTHON_WORDS}}
+        command = [v for w in command for v in warm.get(w, [w])]
     env = clean_env(PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""))
     metrics = tmp_path / f"{mode}.json"
     result = localrun.run(command + ["--epochs=1", f"--model_dir={tmp_path / mode}", f"--metrics_file={metrics}"],
