@@ -33,6 +33,7 @@ from absl import app, flags
 
 from benchmarks import bed_calibration as cal
 from benchmarks.benchlib import DOCS, REPO, TRAIN, replace_section, repo_env
+from tfsync_testbed import localrun
 
 flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8.")
 flags.DEFINE_enum("link", "1gbit", list(cal.LINK_CLASSES), "Link class between the hosts (scaled, see bed_calibration).")
@@ -100,16 +101,15 @@ def train_flags(mode: str, condition: str, work: str) -> list:
 
 def run_horovod(bed, mesh, env, mode: str, condition: str, work: str) -> subprocess.CompletedProcess:
     hosts = ",".join(f"{h.name}:{n}" for h, n in zip(bed.hosts, hosts_layout(FLAGS.ranks)))
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    command = [horovodrun, "-np", str(FLAGS.ranks), "-H", hosts, "--network-interface", "tfs0",
-               *mesh.horovodrun_args(), "--gloo", FLAGS.python or sys.executable, TRAIN,
+    python = FLAGS.python or sys.executable
+    # Horovod's launcher under the ranks' own interpreter (what the horovodrun script runs).
+    command = [*localrun.horovodrun(python), "-np", str(FLAGS.ranks), "-H", hosts, "--network-interface", "tfs0",
+               *mesh.horovodrun_args(), "--gloo", python, TRAIN,
                *train_flags(mode, condition, work)]
     return bed.hosts[0].run(command, timeout=FLAGS.timeout, env=env, cwd=REPO)
 
 
 def run_async(env, condition: str, work: str) -> subprocess.CompletedProcess:
-    from tfsync_testbed import localrun
-
     command = [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(FLAGS.ranks), "--ps", "1",
                "--timeout", str(int(FLAGS.timeout)), "--", FLAGS.python or sys.executable, TRAIN,
                *train_flags("async", condition, work)]
