@@ -66,7 +66,7 @@ def _communication(c: dict) -> str:
         text += f", {equal['compression_ratio']:.4f} of dense per step"
         if equal.get("cross_group") == "periodic":
             text += (f" ({equal['compression_ratio_per_exchange']:.4f} per exchange, one every "
-                     f"{equal['staleness_bound'] + 1} steps)")
+                     f"{equal.get('steps_per_exchange', equal['staleness_bound'] + 1):.1f} steps)")
     if equal.get("staleness_mean") is not None:
         text += f"; staleness mean {equal['staleness_mean']:.2f}, max {equal['staleness_max']:.0f} updates"
     if equal.get("cross_group_lag_mean") is not None:

@@ -67,6 +67,31 @@ def test_a_rerun_is_said_to_resume_from_the_epochs_it_trained():
     assert (over["resumed"], over["rerun_first_epoch"]) == (False, 0)
 
 
+def test_bytes_per_exchange_count_the_rounds_each_group_really_ran():
+    """Hybrid's logs give, per epoch, the mean over ranks of a rank's payload bytes over its
+    steps. With speed-proportional local steps and epoch-end rounds a group runs fewer steps a
+    round than the period: each exchange is still one payload of `per_exchange` times dense."""
+    from benchmarks.compare_report import _bytes
+
+    dense = 4 * 1000
+    for per_exchange in (1.0, 0.02):  # a dense model average; Top-K 1 % (values and indices)
+        # Two groups of one rank, 3 rounds an epoch; group 0 ran 14 then 19 steps, group 1 22.
+        steps = np.array([[14, 22], [19, 22]])
+        sent = 3 * per_exchange * dense / steps  # bytes a step, per rank and epoch
+        metrics = {"params": 1000, "bytes_sent": sent.mean(axis=1).tolist(),
+                   "compression_ratio": (sent / dense).mean(axis=1).tolist(),
+                   "local_steps_group0": (steps[:, 0] / 3).tolist(), "local_steps_group1": (steps[:, 1] / 3).tolist()}
+        flags = ["--sync_group_size=1"] + (["--sync_compression=topk"] if per_exchange < 1 else [])
+        got = _bytes({"flags": flags, "metrics": metrics, "on_ps": False})
+        assert got["compression_ratio_per_exchange"] == pytest.approx(per_exchange, rel=1e-12)
+        assert got["steps_per_exchange"] == pytest.approx(steps.mean() / 3, rel=1e-12)
+        assert got["compression"] == ("topk" if per_exchange < 1 else "none")
+    # No record of the rounds (fixed local steps): periodic exchanges every --sync_period steps.
+    fixed = _bytes({"flags": ["--sync_period=4"], "on_ps": False,
+                    "metrics": {"params": 1000, "bytes_sent": [1000.0], "compression_ratio": [0.25]}})
+    assert (fixed["compression_ratio_per_exchange"], fixed["steps_per_exchange"]) == (1.0, 4.0)
+
+
 def test_time_to_target_matches_numpy_interpolation():
     from benchmarks.compare_report import time_to
 
