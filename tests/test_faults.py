@@ -3,6 +3,7 @@ fault callback, and that a strategy adds it explicitly in ``callbacks()`` and ``
 among the callbacks the mode requires for correctness."""
 import json
 
+import numpy as np
 import pytest
 
 from tests.conftest import PYTHON, REPO, clean_env
@@ -53,3 +54,27 @@ def test_strategy_adds_the_fault_callbacks_explicitly():
     assert got["0:3"]["callbacks"] == got["0:3"]["required"] + ["SlowWorker"]
     assert got["0:3"]["fit"] == got["0:3"]["required"] + ["SlowWorker", "str"]
     assert "SlowWorker" not in got["1:3"]["callbacks"] + got["1:3"]["fit"]  # another worker's fault
+
+
+def test_a_slow_step_takes_factor_times_its_own_time_and_a_trace_is_not_slowed(monkeypatch):
+    """SlowWorker's sleeps, from the step times it measures: each step's own time times
+    (factor - 1), a one-off step (over 3x the median of the earlier ones: a retrace) counted as
+    3x that median, and the run's first step (its trace, nothing to compare with) not slowed.
+    The clock is the test's, so the sleeps are exact."""
+    steps = [2.0, 0.1, 0.12, 0.08, 1.5, 0.1]  # a trace, three steps, a retrace, a step
+    factor = 4.0
+    expected = []
+    for k, seconds in enumerate(steps):  # the rule written out, with NumPy's median
+        if k:
+            expected.append((factor - 1) * min(seconds, 3.0 * float(np.median(steps[:k]))))
+    now, slept = [0.0], []
+    monkeypatch.setattr(faults.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    slow = SlowWorker(factor)
+    slow.on_train_begin()
+    slow.on_epoch_begin(0)
+    for batch, seconds in enumerate(steps):
+        slow.on_train_batch_begin(batch)
+        now[0] += seconds
+        slow.on_train_batch_end(batch, {})
+    assert slept == pytest.approx(expected, rel=1e-12) and len(slept) == len(steps) - 1

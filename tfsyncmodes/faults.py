@@ -139,10 +139,12 @@ class SlowWorker(keras.callbacks.Callback):
             break
         elapsed = time.perf_counter() - self._started
         # A one-off step (a trace, a mode switch retracing) counts as a typical one: a slow
-        # machine runs its steps `factor` times slower, not its tracing.
-        typical = statistics.median(self._recent) if self._recent else elapsed
+        # machine runs its steps `factor` times slower, not its tracing. The run's first step,
+        # with nothing typical to go by yet, is its trace: not slowed.
+        recent = list(self._recent)
         self._recent.append(elapsed)
-        time.sleep((self.factor - 1.0) * min(elapsed, ONE_OFF * typical))
+        if recent:
+            time.sleep((self.factor - 1.0) * min(elapsed, ONE_OFF * statistics.median(recent)))
 
 
 def callbacks_for(config: Any, worker_index: int) -> List:
