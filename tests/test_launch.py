@@ -1,55 +1,20 @@
 """The local cluster launcher: TF_CONFIG per task, prefixed output, teardown in every case."""
 import json
+import os
 import signal
 import subprocess
 import time
 
 import pytest
 
-from tests.conftest import PYTHON, REPO, clean_env
+from tests.conftest import PYTHON, REPO, WORKERS, clean_env
 from tfsync_testbed import localrun
 
-# A stand-in for a task of a TensorFlow cluster, as the launcher sees one: it listens at its
-# address, says so, and behaves as tfsyncmodes' tasks do (strategies/parameter_server.py): a
-# server leaves once the chief has come and gone, and the chief stops with an error a second
-# after a parameter server it reached stops answering (a step has to fail first). argv: chief's seconds and status, worker:1's
-# and ps' seconds before they exit with status 7 and 9 (-1: never).
-REPORT_AND_WAIT = (
-    "import json, os, socket, sys, threading, time\n"
-    "c = json.loads(os.environ['TF_CONFIG'])\n"
-    "t = c['task']\n"
-    "host, port = c['cluster'][t['type']][t['index']].rsplit(':', 1)\n"
-    "me = socket.create_server((host, int(port)))\n"
-    "def serve():\n"
-    "    while True: me.accept()[0].close()\n"
-    "threading.Thread(target=serve, daemon=True).start()\n"
-    "print('task', t['type'], t['index'], json.dumps(c['cluster'], sort_keys=True), flush=True)\n"
-    "def up(address):\n"
-    "    host, port = address.rsplit(':', 1)\n"
-    "    try:\n"
-    "        socket.create_connection((host, int(port)), timeout=1).close(); return True\n"
-    "    except OSError:\n"
-    "        return False\n"
-    "def watch(addresses, seconds):\n"
-    "    seen, end = set(), time.monotonic() + seconds\n"
-    "    while time.monotonic() < end:\n"
-    "        for a in addresses:\n"
-    "            if up(a): seen.add(a)\n"
-    "            elif a in seen: return a\n"
-    "        time.sleep(0.1)\n"
-    "if t['type'] == 'chief':\n"
-    "    lost = watch(c['cluster'].get('ps', []), float(sys.argv[1]))\n"
-    "    if lost: time.sleep(1); sys.exit(1)\n"
-    "    sys.exit(int(sys.argv[2]))\n"
-    "if t['type'] == 'worker' and t['index'] == 1 and float(sys.argv[3]) >= 0:\n"
-    "    time.sleep(float(sys.argv[3])); sys.exit(7)\n"
-    "if t['type'] == 'ps' and float(sys.argv[4]) >= 0:\n"
-    "    time.sleep(float(sys.argv[4])); sys.exit(9)\n"
-    "watch(c['cluster']['chief'], 600)\n")
+STAND_IN = os.path.join(WORKERS, "stand_in_task.py")  # a task that listens and leaves as ours do
 
 
 def launch(*args, chief_seconds=1.0, chief_status=0, worker_dies_after=-1.0, ps_dies_after=-1.0, timeout=60):
-    command = [PYTHON, "-m", "tfsyncmodes.launch", *args, "--", PYTHON, "-c", REPORT_AND_WAIT,
+    command = [PYTHON, "-m", "tfsyncmodes.launch", *args, "--", PYTHON, STAND_IN,
                str(chief_seconds), str(chief_status), str(worker_dies_after), str(ps_dies_after)]
     return localrun.run(command, timeout=timeout, env=clean_env(), cwd=REPO)
 
@@ -139,8 +104,8 @@ def test_timeout_tears_everything_down():
 @pytest.mark.slow  # a launched cluster of processes
 @pytest.mark.timeout(90)
 def test_ctrl_c_tears_everything_down():
-    command = [PYTHON, "-m", "tfsyncmodes.launch", "--workers", "1", "--ps", "1", "--", PYTHON, "-c",
-               REPORT_AND_WAIT, "300", "0", "-1", "-1"]
+    command = [PYTHON, "-m", "tfsyncmodes.launch", "--workers", "1", "--ps", "1", "--", PYTHON, STAND_IN,
+               "300", "0", "-1", "-1"]
     process = subprocess.Popen(command, env=clean_env(), cwd=REPO, stdout=subprocess.PIPE, text=True,
                                start_new_session=True)
     try:
