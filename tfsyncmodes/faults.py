@@ -141,10 +141,10 @@ class SlowWorker(keras.callbacks.Callback):
         # A one-off step (a trace, a mode switch retracing) counts as a typical one: a slow
         # machine runs its steps `factor` times slower, not its tracing. The run's first step,
         # with nothing typical to go by yet, is its trace: not slowed.
-        recent = list(self._recent)
+        typical = statistics.median(self._recent) if self._recent else None
         self._recent.append(elapsed)
-        if recent:
-            time.sleep((self.factor - 1.0) * min(elapsed, ONE_OFF * statistics.median(recent)))
+        if typical is not None:
+            time.sleep((self.factor - 1.0) * min(elapsed, ONE_OFF * typical))
 
 
 def callbacks_for(config: Any, worker_index: int) -> List:
