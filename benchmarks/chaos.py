@@ -33,6 +33,8 @@ def parse(argv):
     parser.add_argument("--steps_per_epoch", type=int, default=100)
     parser.add_argument("--step_ms", type=float, default=100.0, help="emulated compute per step")
     parser.add_argument("--commit", type=int, default=10, help="sync: commit every N steps")
+    parser.add_argument("--collective_timeout", type=float, default=5,
+                        help="sync: --sync_collective_timeout, the seconds a lost rank is waited for")
     parser.add_argument("--baseline", action="store_true", help="also undisturbed runs (interval 'none')")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--out", default="chaos.json")
@@ -57,7 +59,8 @@ def one_run(args, mode, interval, repeat):
     window = None if interval is None else (interval * (1 - args.spread), interval * (1 + args.spread))
     result = chaos_driver.run(mode, interval=window, seed=1000 * repeat + int(interval or 0),
                               epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-                              step_ms=args.step_ms, commit=args.commit, timeout=args.timeout)
+                              step_ms=args.step_ms, commit=args.commit,
+                              collective_timeout=args.collective_timeout, timeout=args.timeout)
     final = result.get("final")
     row = {k: result.get(k) for k in ("mode", "seed", "status", "promised_steps", "counted", "rolled_back",
                                       "goodput", "pace", "train_seconds", "wall_seconds", "startup_seconds",

@@ -19,7 +19,7 @@ from tfsync_testbed import localrun
 
 
 def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs: int = 10,
-        steps_per_epoch: int = 100, step_ms: float = 50.0, commit: int = 10,
+        steps_per_epoch: int = 100, step_ms: float = 50.0, commit: int = 10, collective_timeout: float = 5,
         max_kills: Optional[int] = None, quiet_tail: float = 0.15, timeout: float = 900,
         python: str = sys.executable) -> dict:
     """A chaos run of `mode` ("sync" or "async"); `interval` (low, high) seconds between kills,
@@ -40,7 +40,7 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
         log = open(os.path.join(work, "output.log"), "w+", encoding="utf-8", errors="replace")
         job = subprocess.Popen(
             chaoslib.command(mode, work, epochs, steps_per_epoch, step_ms, budget, python),
-            cwd=chaoslib.REPO, env=chaoslib.environment(mode, run_id, commit), stdout=log,
+            cwd=chaoslib.REPO, env=chaoslib.environment(mode, run_id, commit, collective_timeout), stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True)
         kills, victims, status = [], [], None
         try:

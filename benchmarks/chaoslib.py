@@ -82,7 +82,7 @@ def command(mode: str, work: str, epochs: int, steps_per_epoch: int, step_ms: fl
         "--blacklist-cooldown-range", "1", "4", *worker]
 
 
-def environment(mode: str, run_id: str, commit: int) -> Dict[str, str]:
+def environment(mode: str, run_id: str, commit: int, collective_timeout: float = 5) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TFSYNC_", "HOROVOD_", "OMPI_", "PMI_")) and k != "TF_CONFIG"}
     env.update(PYTHONPATH=os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p),
@@ -93,11 +93,11 @@ def environment(mode: str, run_id: str, commit: int) -> Dict[str, str]:
     # async runs the package's own loop, which does not, so the step log would stay empty).
     env["TF_USE_LEGACY_KERAS"] = "1" if mode == "async" else "0"
     if mode == "sync":
-        # Gloo's one timeout is both how long the others wait in a collective for a lost peer and
-        # how long a re-forming world waits for a rank coming back (a fresh process importing
-        # TensorFlow): 10 s detects a loss in about 11 s but a slow start-up can stop the job;
-        # 90 s let every loss wait 90 s. Known issue: see docs/BENCHMARKS.md, chaos.
-        env.update(TFSYNC_ELASTIC="true", TFSYNC_ELASTIC_COMMIT=str(commit), TFSYNC_COLLECTIVE_TIMEOUT="10")
+        # A lost rank is found by the ranks it was not connected to only at the collective
+        # timeout (tfsyncmodes/strategies/horovod_start.py): keep it short; a rank coming back
+        # is waited for up to the join timeout (the knob's default, 120 s).
+        env.update(TFSYNC_ELASTIC="true", TFSYNC_ELASTIC_COMMIT=str(commit),
+                   TFSYNC_COLLECTIVE_TIMEOUT=f"{collective_timeout:g}")
     else:  # plain SGD, as the NumPy reference trains it
         env.update(TFSYNC_STALENESS_AWARE_LR="false")
     return env

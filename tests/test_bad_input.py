@@ -275,6 +275,7 @@ BAD_KNOB_VALUES = {
     "quantize_sigma": NUMBER + ["0", "off"], "dgc": ["maybe", "2"], "dgc_momentum": NUMBER + ["1"],
     "dgc_clip_norm": NUMBER + ["0", "auto"], "dgc_warmup_steps": INTEGER + ["-1"],
     "elastic": ["maybe", "2"], "elastic_commit": INTEGER + ["0", "-1", "step"],
+    "elastic_join_timeout": NUMBER + ["0.5"],
     "elastic_lr": ["bogus", "linear"],
 }
 

@@ -47,7 +47,7 @@ def test_precedence_default_file_environment_flag(tmp_path, parsed_flags):
     parsed_flags("--sync_mode=sync")
     resolved = config.resolve(environ=env)
     assert resolved.mode == "sync" and resolved.sources["mode"] == "flag"
-    assert "mode               = 'sync'       (flag)" in resolved.describe()
+    assert re.search(r"\n  mode +\= 'sync' +\(flag\)\n", resolved.describe()), resolved.describe()
 
 
 def test_config_flag_beats_config_environment_variable(tmp_path, parsed_flags):

@@ -23,6 +23,10 @@ from tfsync_testbed import localrun
 pytestmark = pytest.mark.slow
 NAMES = ("localhost", "127.0.0.1", socket.gethostname())
 EPOCHS, STEPS, COMMIT = 4, 12, 4
+# The collective timeout (a lost rank is found by the ranks it was not connected to only then)
+# and how long a joining rank sleeps before it starts Horovod: longer than that timeout, so the
+# world waits for it at the rendezvous under the join timeout (120 s, the default) instead.
+TIMEOUT, SLOW_JOIN = 4, 6
 
 
 def discovery(tmp_path, names):
@@ -44,7 +48,7 @@ def elastic_job(tmp_path, script, np_start, timeout=200, **env):
     started = time.monotonic()
     try:
         result = localrun.run(command, timeout=timeout, cwd=REPO, env=clean_env(
-            TFSYNC_ELASTIC="true", TFSYNC_ELASTIC_COMMIT=COMMIT, TFSYNC_COLLECTIVE_TIMEOUT=10,
+            TFSYNC_ELASTIC="true", TFSYNC_ELASTIC_COMMIT=COMMIT, TFSYNC_COLLECTIVE_TIMEOUT=TIMEOUT,
             ELASTIC_OUT=out, ELASTIC_EPOCHS=EPOCHS, ELASTIC_STEPS=STEPS, **env))
     except subprocess.TimeoutExpired as expired:
         pytest.fail(f"the job did not finish within {timeout} s:\n{(expired.output or '')[-3000:]}\n"
@@ -86,7 +90,8 @@ def test_a_lost_rank_rolls_back_to_the_last_commit_and_training_goes_on(tmp_path
     history = check_one_model_all_steps(ranks, 2)
     assert history["world_size"] == [3.0, 2.0, 2.0, 2.0]
     # Recovery: from the exit to the first step finished by the two that are left (the survivors'
-    # collectives notice the loss within the collective timeout, 10 s here).
+    # collectives notice the loss within the collective timeout, 4 s here; Gloo at the join
+    # timeout, 120 s, would make it over 60 s).
     killed = float(re.search(r"exits at epoch 1 step \d+ at ([\d.]+)", output).group(1))
     resumed = float(re.search(r"first step in a world of 2 at ([\d.]+)", output).group(1))
     print(f"recovery: {resumed - killed:.1f} s")
@@ -115,10 +120,11 @@ def test_elastic_hybrid_regroups_when_a_rank_is_lost(tmp_path):
 def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path, legacy):
     """The rank is added after step 9 of epoch 1, when the next commit (every 4 steps) would be
     the epoch's last step, 12: the change lands at the epoch's end instead, and the new world
-    starts epoch 2 (resuming "at step 12" of a 12-step epoch hung under Keras 3)."""
+    starts epoch 2 (resuming "at step 12" of a 12-step epoch hung under Keras 3). The new rank
+    starts Horovod SLOW_JOIN s late, after the collective timeout: the join timeout covers it."""
     script, hosts = discovery(tmp_path, NAMES[:2])
     ranks, output, _ = elastic_job(tmp_path, script, 2, ELASTIC_ADD=f"1:9:{hosts}:{NAMES[2]}:1",
-                                   TF_USE_LEGACY_KERAS=legacy)
+                                   ELASTIC_JOIN_DELAY=f"2:{SLOW_JOIN}", TF_USE_LEGACY_KERAS=legacy)
     assert "tfsyncmodes: world 2 -> 3 at epoch 2 step 0" in output, output[-4000:]
     # The new rank started from other weights (seeded by rank) and ends with the others'.
     history = check_one_model_all_steps(ranks, 3)
@@ -131,7 +137,7 @@ def test_a_rank_the_discovery_script_adds_joins_a_hybrid_job_as_its_own_group(tm
     epoch's end; every rank ends with one model, every step, and the exchange links 3 groups."""
     script, hosts = discovery(tmp_path, NAMES[:2])
     ranks, output, _ = elastic_job(tmp_path, script, 2, timeout=300, ELASTIC_ADD=f"1:9:{hosts}:{NAMES[2]}:1",
-                                   TFSYNC_MODE="hybrid", TFSYNC_PERIOD=COMMIT)
+                                   ELASTIC_JOIN_DELAY=f"2:{SLOW_JOIN}", TFSYNC_MODE="hybrid", TFSYNC_PERIOD=COMMIT)
     assert "tfsyncmodes: world 2 -> 3 at epoch 2 step 0 groups [[0],[1],[2]]" in output, output[-4000:]
     history = check_one_model_all_steps(ranks, 3)
     assert history["world_size"] == [2.0, 2.0, 3.0, 3.0]

@@ -107,6 +107,12 @@ KNOBS: Tuple[Knob, ...] = (
          "Elastic sync or hybrid: commit the state in memory at every epoch's end (epoch), or also "
          "every this many steps (hybrid: at the first round boundary from there); a lost rank costs "
          "at most the steps since the last commit.", _ELASTIC),
+    Knob("elastic_join_timeout", 120.0, Number(float, 1.0, 86400.0),
+         "Elastic sync or hybrid: seconds a re-forming world waits at Horovod's rendezvous for "
+         "every rank (a rank that joins is a new process still starting). When it is above "
+         "--sync_collective_timeout, Horovod starts at this timeout and then again at the "
+         "collective one, so that a short collective timeout finds a lost rank soon without "
+         "failing a slow join (not when HOROVOD_GLOO_TIMEOUT_SECONDS is set).", _ELASTIC),
     Knob("elastic_lr", "keep", Choice(lambda: ("keep", "scale")),
          "Elastic sync or hybrid, the learning rate when the world changes size: keep (each update "
          "stays the mean gradient at the same rate) or scale (the rate times size / size at start).",

@@ -7,7 +7,8 @@ Environment: ELASTIC_OUT (a directory: each rank still there at the end writes
 of the exit and of the first step finished in the new world are printed),
 ELASTIC_ADD ``EPOCH:STEP:FILE:LINE`` (rank 0 appends LINE to the discovery script's FILE after
 that step of that epoch, then waits ADD_WAIT s so that Horovod's driver has seen it before the
-next step), ELASTIC_EPOCHS, ELASTIC_STEPS; the mode and its knobs from TFSYNC_* (hybrid: the
+next step), ELASTIC_JOIN_DELAY ``RANK:SECONDS`` (a process started as that rank or a higher one,
+i.e. one that joins, sleeps that long before it starts Horovod: a slow start-up), ELASTIC_EPOCHS, ELASTIC_STEPS; the mode and its knobs from TFSYNC_* (hybrid: the
 npz also has ``groups``, the number of groups the cross-group exchange links at the end; every
 run its final ``learning_rate``). The optimizer is SGD at LEARNING_RATE."""
 import json
@@ -34,6 +35,9 @@ def main():
     from tfsyncmodes.keras.compat import keras
 
     epochs, steps = int(os.environ.get("ELASTIC_EPOCHS", 4)), int(os.environ.get("ELASTIC_STEPS", 12))
+    delay = os.environ.get("ELASTIC_JOIN_DELAY")
+    if delay and int(os.environ["HOROVOD_RANK"]) >= int(delay.split(":")[0]):
+        time.sleep(float(delay.split(":")[1]))
     strategy = tfsyncmodes.make_strategy()
     x, y = data()
     with strategy.scope():

@@ -24,6 +24,7 @@ from __future__ import annotations
 from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.exchange.policies import CrossGroupPolicy
 from tfsyncmodes.exchange.switchable import KEPT_STATE
+from tfsyncmodes.strategies import horovod_start
 
 
 def layout_text(layout: groups_lib.GroupLayout) -> str:
@@ -42,7 +43,7 @@ def restart(strategy, model) -> str:
     the new world made, their process sets added and the model's exchange rebuilt over them.
     Returns the groups, for the world-change line."""
     hvd = strategy.hvd
-    hvd.init(process_sets="dynamic")
+    horovod_start.start(hvd, strategy.gloo_timeouts, process_sets="dynamic")
     layout = groups_lib.layout_from_config(strategy.config, hvd.size(), hvd.local_size())
     groups = groups_lib.init_horovod(layout, dynamic=True)  # adds the layout's process sets
     strategy.regrouped(layout, groups)

@@ -2,7 +2,6 @@
 ``SyncOptimizer`` with a grouped allreduce, no ``tf.distribute`` strategy underneath."""
 from __future__ import annotations
 
-import os
 from typing import List
 
 import tensorflow as tf
@@ -14,12 +13,13 @@ from tfsyncmodes.keras.callbacks import BroadcastInitialState, MetricAverage
 from tfsyncmodes.keras.hybrid_callbacks import WireTrafficLogger
 from tfsyncmodes.keras.xla import XlaOffForCollectives
 from tfsyncmodes.registry import BACKENDS
-from tfsyncmodes.strategies import devices, elastic
+from tfsyncmodes.strategies import devices, elastic, horovod_start
 from tfsyncmodes.strategies.base import ModeStrategy
 
 
-def init_horovod():
-    """Imports and initialises Horovod, with a clear message when it is not installed."""
+def init_horovod(timeouts=None):
+    """Imports and initialises Horovod, with a clear message when it is not installed;
+    `timeouts`: see :func:`horovod_start.start`."""
     try:
         import horovod.tensorflow as hvd
     except ImportError as error:
@@ -27,7 +27,7 @@ def init_horovod():
                           f"Horovod is not importable ({error})",
                           "install it with scripts/install.sh") from None
     if not hvd.is_initialized():
-        hvd.init()
+        horovod_start.start(hvd, timeouts)
     return hvd
 
 
@@ -43,9 +43,10 @@ class HorovodStrategy(ModeStrategy):
         return cls(config)
 
     def __init__(self, config: SyncConfig):
-        # A peer that never arrives fails the job after the collective timeout instead of hanging.
-        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(config.collective_timeout)))
-        self.hvd = init_horovod()
+        # A peer that never arrives fails the job after the collective timeout instead of hanging
+        # (an elastic job's rendezvous waits up to the join timeout: horovod_start).
+        self.gloo_timeouts = horovod_start.gloo_timeouts(config)
+        self.hvd = init_horovod(self.gloo_timeouts)
         # Each rank its local GPU (memory growth on), before TensorFlow initialises devices.
         self.device_plan = devices.place(devices.HOROVOD, self.hvd.local_rank(), self.hvd.local_size())
         super().__init__(config, tf.distribute.get_strategy())
@@ -109,7 +110,7 @@ class HorovodStrategy(ModeStrategy):
         """Starts Horovod again after an elastic reset's shutdown; returns what the
         world-change line adds (nothing here)."""
         del model
-        self.hvd.init()
+        horovod_start.start(self.hvd, self.gloo_timeouts)
         return ""
 
     def elastic_commit_point(self, model) -> bool:

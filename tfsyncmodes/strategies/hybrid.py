@@ -7,7 +7,6 @@ held by the strategy, and two more required callbacks.
 """
 from __future__ import annotations
 
-import os
 from typing import List, Optional
 
 from tfsyncmodes.cluster import HorovodEnv
@@ -16,19 +15,22 @@ from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.keras.hybrid_callbacks import DrainExchange
 from tfsyncmodes.registry import MODES
-from tfsyncmodes.strategies import elastic_hybrid
+from tfsyncmodes.strategies import elastic_hybrid, horovod_start
 from tfsyncmodes.strategies.base import Mode
 from tfsyncmodes.strategies.horovod import HorovodStrategy
 from tfsyncmodes.strategies.sync import check_elastic
 
 
-def start_groups(layout, dynamic: bool = False) -> Optional[groups_lib.ActiveGroups]:
+def start_groups(layout, dynamic: bool = False, timeouts=None) -> Optional[groups_lib.ActiveGroups]:
     """Starts Horovod with `layout`'s groups as process sets (None where Horovod is not
-    installed: HorovodStrategy then reports it); `dynamic`: with dynamic process sets (elastic)."""
+    installed: HorovodStrategy then reports it); `dynamic`: with dynamic process sets (elastic),
+    Horovod started first as :func:`horovod_start.start` says with `timeouts`."""
     try:
-        import horovod.tensorflow  # noqa: F401
+        import horovod.tensorflow as hvd
     except ImportError:
         return None
+    if dynamic and not hvd.is_initialized():
+        horovod_start.start(hvd, timeouts, process_sets="dynamic")
     return groups_lib.init_horovod(layout, dynamic=dynamic)
 
 
@@ -47,9 +49,9 @@ class HybridStrategy(HorovodStrategy):
                                   "hybrid job (its commits count steps, which every rank must run alike)",
                                   "use fixed, or turn elastic off")
         self.layout = groups_lib.layout_from_config(config, horovod_env.size, horovod_env.local_size)
-        # Horovod starts here (process sets are declared at its start): the collective timeout first.
-        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(config.collective_timeout)))
-        self._groups = start_groups(self.layout, dynamic=config.elastic)
+        # Horovod starts here (process sets are declared at its start): its timeouts first.
+        self.gloo_timeouts = horovod_start.gloo_timeouts(config)
+        self._groups = start_groups(self.layout, dynamic=config.elastic, timeouts=self.gloo_timeouts)
         super().__init__(config)
 
     @property
