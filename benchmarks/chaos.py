@@ -7,7 +7,9 @@ every I seconds (uniform in [I(1-s), I(1+s)], s = ``--spread``, seeded by the ru
 back; what goodput and recovery time are is in :mod:`benchmarks.chaoslib`. The table gives, per
 mode and interval, the median and the range over ``--repeats`` runs; ``--out`` the JSON (every
 run's figures), ``--plot`` the PNG (goodput against the interval, one line per mode, the range
-as error bars). Hybrid's elastic form has no chaos run yet."""
+as error bars); ``--report_only a.json,b.json`` prints the table of earlier runs and plots them
+together (e.g. one mode's runs taken apart from another's). Hybrid's elastic form has no chaos
+run yet."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +19,7 @@ import signal
 import sys
 from statistics import median
 
-from benchmarks import chaos_driver
+from benchmarks import chaos_driver, chaoslib
 from benchmarks.chaos_worker import digits
 
 GOAL = 0.8  # goodput with a failure every 30 s
@@ -37,13 +39,15 @@ def parse(argv):
                         help="sync: --sync_collective_timeout, the seconds a lost rank is waited for")
     parser.add_argument("--baseline", action="store_true", help="also undisturbed runs (interval 'none')")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--report_only", default="",
+                        help="comma-separated JSON files of earlier runs: print their table and plot them together")
     parser.add_argument("--out", default="chaos.json")
     parser.add_argument("--plot", default="chaos.png")
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     for mode in args.modes:
-        if mode not in ("sync", "async"):
-            parser.error(f"--modes: {mode!r}: chaos runs exist for sync and async (hybrid's elastic form has none yet)")
+        if mode not in chaoslib.MODES:
+            parser.error(f"--modes: {mode!r}: chaos runs exist for {', '.join(chaoslib.MODES)}")
     args.intervals = [float(i) for i in args.interval.split(",") if i]
     return args
 
@@ -125,6 +129,14 @@ def main(argv=None):
     args = parse(argv)
     # A SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C: each run's job is stopped and removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.report_only:
+        rows = []
+        for path in args.report_only.split(","):
+            with open(path, encoding="utf-8") as handle:
+                rows += json.load(handle)["runs"]
+        print(table(rows))
+        plot(rows, args.plot)
+        return 0
     rows = []
     intervals = ([None] if args.baseline else []) + args.intervals
     for mode in args.modes:

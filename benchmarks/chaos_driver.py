@@ -22,14 +22,14 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
         steps_per_epoch: int = 100, step_ms: float = 50.0, commit: int = 10, collective_timeout: float = 5,
         max_kills: Optional[int] = None, quiet_tail: float = 0.15, timeout: float = 900,
         python: str = sys.executable) -> dict:
-    """A chaos run of `mode` ("sync" or "async"); `interval` (low, high) seconds between kills,
+    """A chaos run of `mode` ("sync", "hybrid" or "async"); `interval` (low, high) seconds between kills,
     None for an undisturbed run. No kill comes before the first step or once the job is within
     `quiet_tail` of its promised steps (so that each failure has its recovery inside the run).
     `python` is the interpreter of the job's processes. Returns the analysis, the kills, the
     final state the chief wrote, and what was left behind (every process of the run is killed
     and its temporary directory removed in any case)."""
-    if mode not in ("sync", "async"):
-        raise ValueError(f"chaos runs exist for sync and async, not {mode!r}")
+    if mode not in chaoslib.MODES:
+        raise ValueError(f"chaos runs exist for {', '.join(chaoslib.MODES)}, not {mode!r}")
     promised = epochs * steps_per_epoch
     low = interval[0] if interval else 1.0
     budget = max_kills if max_kills is not None else int(promised * step_ms / 1000 / max(low, 1.0)) + 4
@@ -60,8 +60,8 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
                     continue
                 candidates = chaoslib.victims(work, mode, open(log.name, encoding="utf-8",
                                                                errors="replace").read())
-                # A sync world waits for the lost rank to be back before losing another.
-                if not candidates or (mode == "sync" and len(candidates) < chaoslib.WORKERS - 1):
+                # An elastic world waits for the lost rank to be back before losing another.
+                if not candidates or (mode in chaoslib.ELASTIC and len(candidates) < chaoslib.WORKERS - 1):
                     continue
                 pid = rng.choice(candidates)
                 try:
@@ -93,7 +93,7 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
         records = chaoslib.read_steps(work, mode)
         final = os.path.join(work, "final.npz")
         weights = {k: v for k, v in np.load(final).items()} if os.path.exists(final) else None
-    result = chaoslib.analyse(records, kills, rollback=mode == "sync")
+    result = chaoslib.analyse(records, kills, rollback=mode in chaoslib.ELASTIC)
     result.update(mode=mode, interval=list(interval) if interval else None, seed=seed, status=status,
                   promised_steps=promised, kills=[k - started for k in kills], kill_times=kills, victims=victims,
                   wall_seconds=ended - started, leftovers=leftovers, output=output, step_log=records,

@@ -1,5 +1,5 @@
 """The job a chaos run disturbs (``benchmarks.chaos``, ``tests/test_chaos.py``): a softmax
-regression on the digits through ``strategy.fit``, in sync (every rank of an elastic
+regression on the digits through ``strategy.fit``, in sync or hybrid (every rank of an elastic
 ``horovodrun``) or async (every task of ``python -m tfsyncmodes.launch``); the knobs come from
 ``TFSYNC_*``.
 
@@ -7,12 +7,13 @@ Each step also waits ``--step_ms`` in its input pipeline (TensorFlow's sleep dat
 for a larger model's compute; it holds no core), and writes one line, after its update, to a
 step log in ``--out``: ``BEGIN END ITERATIONS RANK SIZE`` (unix seconds of the step's start and
 end, the optimizer's step count read after the update, the writer's rank, the world's size).
-In sync every rank writes ``steps-<pid>.log``, and ``rank-<pid>`` holds the rank and size of
-each of its attempts (so that a chaos driver can pick a rank to kill); in async the workers run
-the steps and append to ``steps-async.log``. The model counts the samples it trained on in a
-variable of its own (sync: the sum over the world each step, by allreduce), which an elastic
-rollback restores with the rest of the state. The chief (rank 0) writes ``final.npz``: the
-weights, the step and sample counts."""
+In sync and hybrid every rank writes ``steps-<pid>.log``, and ``rank-<pid>`` holds the rank and
+size of each of its attempts (so that a chaos driver can pick a rank to kill); in async the
+workers run the steps and append to ``steps-async.log``. The model counts the samples it
+trained on in a variable of its own (sync: the sum over the world each step, by allreduce;
+hybrid, which has no global collective in a step: the world's size times the per-rank batch),
+which an elastic rollback restores with the rest of the state. The chief (rank 0) writes
+``final.npz``: the weights, the step and sample counts."""
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,8 @@ def main(argv=None):
     from tfsyncmodes.keras.compat import keras
 
     strategy = tfsyncmodes.make_strategy()  # a ps or worker task of async serves here and exits
-    sync = strategy.mode == "sync"
-    if sync:
+    elastic = strategy.mode in ("sync", "hybrid")  # elastic horovodrun: every rank logs its steps
+    if elastic:
         import horovod.tensorflow as hvd
     x, y, _, _ = digits()
 
@@ -73,11 +74,13 @@ def main(argv=None):
                 data = tf.nest.map_structure(tf.identity, data)
             logs = super().train_step(data)
             batch = tf.cast(tf.shape(data[0])[0], tf.int64)
-            if sync:  # the world's samples, the rank and size as traced in this world
+            rank, size = strategy.worker_index, strategy.num_workers  # as traced in this world
+            if strategy.mode == "sync":  # the world's samples
                 batch = hvd.allreduce(batch, op=hvd.Sum, name="chaos.samples")
-            rank, size = strategy.worker_index, strategy.num_workers
+            elif elastic:  # hybrid: no global collective in a step; every rank's batch is the same
+                batch = batch * size
             raw_samples = self.samples.value if not callable(self.samples.value) else self.samples
-            path = os.path.join(args.out, f"steps-{os.getpid()}.log" if sync else "steps-async.log")
+            path = os.path.join(args.out, f"steps-{os.getpid()}.log" if elastic else "steps-async.log")
             with tf.control_dependencies(tf.nest.flatten(logs)):
                 counted = raw_samples.assign_add(batch)  # the variable's own, atomic on a ps
                 with tf.control_dependencies([counted]):
@@ -90,7 +93,7 @@ def main(argv=None):
 
     class Attempts(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            if sync:  # each attempt of the elastic loop: this process's rank in the new world
+            if elastic:  # each attempt of the elastic loop: this process's rank in the new world
                 with open(os.path.join(args.out, f"rank-{os.getpid()}"), "w", encoding="utf-8") as handle:
                     handle.write(f"{strategy.worker_index} {strategy.num_workers}\n")
 

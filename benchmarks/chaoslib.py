@@ -7,13 +7,15 @@ it cost (``python -m benchmarks.chaos``; ``tests/test_chaos.py`` imports this mo
   each); the driver kills a rank other than 0 (SIGKILL), Horovod blacklists that name for
   ``--blacklist-cooldown-range`` seconds and then takes it back (a new process joins at the
   next commit and receives rank 0's state).
+- hybrid: the same job as sync with ``--sync_mode=hybrid``: one group per host name (a rank
+  each), periodic averaging every ``commit / 2`` steps, commits at round boundaries.
 - async: ``python -m tfsyncmodes.launch --workers 4 --ps 1 --max_restarts N``; the driver kills
   a worker task, which the launcher starts again at its address.
 
 From the step log (one line per step after its update: start, end, step count) come:
 
-- counted steps: in sync the last record of each step count (a step done again after a rollback
-  replaces the one rolled back); in async every record (a lost worker's step that never ended
+- counted steps: in sync and hybrid the last record of each step count (a step done again
+  after a rollback replaces the one rolled back); in async every record (a lost worker's step that never ended
   wrote none, and the coordinator runs it elsewhere);
 - the training's wall time W: from the first counted step's start to the last one's end
   (process start-up, identical with or without failures, is reported apart);
@@ -39,6 +41,8 @@ import numpy as np
 from tfsync_testbed import localrun
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODES = ("sync", "hybrid", "async")
+ELASTIC = ("sync", "hybrid")  # under elastic horovodrun, rolled back to the last commit
 WINDOW = 8
 RUN_MARK = "TFSYNC_CHAOS_RUN"  # in every process a run starts, to find any left behind
 WORKERS = 4
@@ -92,12 +96,14 @@ def environment(mode: str, run_id: str, commit: int, collective_timeout: float =
     # Sync under Keras 3; async under tf_keras, whose fit calls the model's train_step (Keras 3's
     # async runs the package's own loop, which does not, so the step log would stay empty).
     env["TF_USE_LEGACY_KERAS"] = "1" if mode == "async" else "0"
-    if mode == "sync":
+    if mode in ELASTIC:
         # A lost rank is found by the ranks it was not connected to only at the collective
         # timeout (tfsyncmodes/strategies/horovod_start.py): keep it short; a rank coming back
         # is waited for up to the join timeout (the knob's default, 120 s).
         env.update(TFSYNC_ELASTIC="true", TFSYNC_ELASTIC_COMMIT=str(commit),
                    TFSYNC_COLLECTIVE_TIMEOUT=f"{collective_timeout:g}")
+        if mode == "hybrid":  # one group per host name (a rank each), averaged every commit / 2 steps
+            env.update(TFSYNC_PERIOD=str(max(1, commit // 2)))
     else:  # plain SGD, as the NumPy reference trains it
         env.update(TFSYNC_STALENESS_AWARE_LR="false")
     return env
@@ -114,7 +120,7 @@ def read_steps(work: str, mode: str) -> List[tuple]:
                     if len(parts) == 5:
                         records.append((float(parts[0]), float(parts[1]), int(parts[2]), int(parts[3]),
                                         int(parts[4])))
-    if mode == "sync":
+    if mode in ELASTIC:
         records = [r for r in records if r[3] == 0]
     return sorted(records, key=lambda r: r[1])
 
@@ -122,7 +128,7 @@ def read_steps(work: str, mode: str) -> List[tuple]:
 def victims(work: str, mode: str, output: str) -> List[int]:
     """Pids of the live processes a kill may pick: ranks other than 0 (sync), workers (async)."""
     pids = {}
-    if mode == "sync":
+    if mode in ELASTIC:
         for name in os.listdir(work):
             if name.startswith("rank-"):
                 with open(os.path.join(work, name), encoding="utf-8") as handle:
