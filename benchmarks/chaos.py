@@ -8,8 +8,7 @@ back; what goodput and recovery time are is in :mod:`benchmarks.chaoslib`. The t
 mode and interval, the median and the range over ``--repeats`` runs; ``--out`` the JSON (every
 run's figures), ``--plot`` the PNG (goodput against the interval, one line per mode, the range
 as error bars); ``--report_only a.json,b.json`` prints the table of earlier runs and plots them
-together (e.g. one mode's runs taken apart from another's). Hybrid's elastic form has no chaos
-run yet."""
+together (e.g. one mode's runs taken apart from another's)."""
 from __future__ import annotations
 
 import argparse

@@ -2,7 +2,7 @@
 every several seconds and gets it back, in async (the launcher's restarts) and in sync (elastic
 horovodrun). It ends with the step and sample counts it promises, a test accuracy within one
 point of an undisturbed run's (NumPy's training of the same softmax regression, evaluated in
-NumPy), and nothing left behind. Hybrid's elastic form has no chaos run yet.
+NumPy), and nothing left behind. Hybrid's chaos run (the sync job in hybrid) is a benchmark only.
 
 The goodput and recovery arithmetic is checked on a hand-made step log first."""
 import json
