@@ -8,8 +8,8 @@ different waits:
   2-core machine, more on a loaded one); a timeout below that fails the join and stops the job;
 - in a collective, for a peer's data. When a rank is lost, only the ranks it was connected to
   in that collective fail at once: the others' wait does not end on a peer's failure, only at
-  the timeout (measured: ranks two steps away from a killed rank waited exactly 30 s at 30 s).
-  So a lost rank costs the elastic job the whole timeout.
+  the timeout (measured on 4 ranks at 30 s: one of the three left failed at once, the other two
+  after exactly 30 s). So a lost rank costs the elastic job the whole timeout.
 
 In an elastic job, the knob ``elastic_join_timeout`` is the first and ``collective_timeout`` the
 second: when the join timeout is the longer, Horovod starts at it, is shut down once every rank

@@ -19,6 +19,7 @@ from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.exchange.recipes import mode_config
 from tfsyncmodes.keras import make_optimizer
 from tfsyncmodes.keras.hybrid_callbacks import DrainExchange, WireTrafficLogger
+from tfsyncmodes.strategies import horovod_start
 from tfsyncmodes.strategies.horovod import HorovodStrategy
 from tfsyncmodes.strategies.hybrid import start_groups
 from tfsyncmodes.switching.callback import ModeSwitch
@@ -49,7 +50,7 @@ class SwitchingStrategy(HorovodStrategy):
         if "hybrid" in self.modes:
             hybrid = self.configs["hybrid"]
             self.layout = groups_lib.layout_from_config(hybrid, horovod_env.size, horovod_env.local_size)
-            os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(config.collective_timeout)))
+            horovod_start.gloo_timeouts(config)  # Gloo's timeout first (no elastic switching)
             self._groups = start_groups(self.layout)
         super().__init__(config)
 
