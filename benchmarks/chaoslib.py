@@ -65,8 +65,8 @@ def loopback_names(count: int) -> List[str]:
 
 def command(mode: str, work: str, epochs: int, steps_per_epoch: int, step_ms: float,
             kills: int, python: str = sys.executable) -> List[str]:
-    """The job's command; `python` is the interpreter of its processes (``horovodrun`` is the one
-    installed beside this interpreter)."""
+    """The job's command; `python` is the interpreter of its processes (and of Horovod's
+    launcher: ``localrun.horovodrun``)."""
     worker = [python, "-m", "benchmarks.chaos_worker", f"--out={work}", f"--epochs={epochs}",
               f"--steps_per_epoch={steps_per_epoch}", f"--step_ms={step_ms}"]
     if mode == "async":
@@ -79,9 +79,8 @@ def command(mode: str, work: str, epochs: int, steps_per_epoch: int, step_ms: fl
     with open(script, "w", encoding="utf-8") as handle:
         handle.write(f"#!/bin/sh\ncat {hosts}\n")
     os.chmod(script, os.stat(script).st_mode | stat.S_IXUSR)
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     return list(localrun.loopback_namespace_prefix()) + [
-        horovodrun, "--gloo", "--network-interface", "lo", "-np", str(WORKERS), "--min-np", "2",
+        *localrun.horovodrun(python), "--gloo", "--network-interface", "lo", "-np", str(WORKERS), "--min-np", "2",
         "--max-np", str(WORKERS), "--host-discovery-script", script,
         "--blacklist-cooldown-range", "1", "4", *worker]
 
