@@ -130,7 +130,7 @@ def transient_rate(bed: dict, slow: float, fast: float, settings: Settings = DEF
 
 
 def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
-        settings: Settings = DEFAULT) -> costs.Job:
+        settings: Settings = DEFAULT, hybrid_s: float = 0.0) -> costs.Job:
     """The costs.Job of `mode` under `condition` (transient: its slow phase) as the bed ran it."""
     ranks = bed["ranks"]
     hybrid = knobs.KNOBS_BY_KEY
@@ -140,18 +140,46 @@ def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
                      host_gbit=settings.loopback_gbit, latency_us=alpha_s * 1e6, batch=settings.batch_size // ranks,
                      straggler=cal.SLOW_FACTOR if condition in ("persistent", "transient") else 1.0,
                      pareto_alpha=bed.get("pareto_alpha", 2.0) if condition == "heavy" else 0.0,
-                     period=hybrid["period"].default_for("hybrid"),
-                     local_steps=hybrid["local_steps"].default_for("hybrid"), ps=1)
+                     period=hybrid["period"].default_for("hybrid"), epoch_steps=cal.TRAIN_SAMPLES // settings.batch_size,
+                     local_steps=hybrid["local_steps"].default_for("hybrid"), hybrid_overhead_ms=hybrid_s * 1e3, ps=1)
 
 
 def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
-            settings: Settings = DEFAULT) -> float:
+            settings: Settings = DEFAULT, hybrid_s: float = 0.0) -> float:
     """Predicted samples/s of one row."""
-    rate = costs.predict(job(bed, mode, condition, alpha_s, overhead_s, settings))[mode]
+    rate = costs.predict(job(bed, mode, condition, alpha_s, overhead_s, settings, hybrid_s))[mode]
     if condition != "transient":
         return rate
-    fast = costs.predict(job(bed, mode, "none", alpha_s, overhead_s, settings))[mode]
+    fast = costs.predict(job(bed, mode, "none", alpha_s, overhead_s, settings, hybrid_s))[mode]
     return transient_rate(bed, rate, fast, settings)
+
+
+def hybrid_calibration(bed: dict, row: dict) -> bool:
+    """A hybrid row that measures hybrid's own per-step cost: one rank per host and no
+    straggler, so its steps have no collective and its rounds are the only exchange."""
+    return (emulated(bed) and row["mode"] == "hybrid" and row["straggler"] == "none"
+            and bed["hosts"][0] == 1 and bool(measured(row)))
+
+
+def fit_hybrid(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> Optional[float]:
+    """Hybrid's per-step bookkeeping (seconds) that makes the model meet the calibration rows
+    (:func:`hybrid_calibration`), their mean; None without such a row. Bisection: the predicted
+    rate falls as the cost grows."""
+    found = []
+    for bed in beds:
+        for row in bed["rows"]:
+            if not hybrid_calibration(bed, row):
+                continue
+            low, high = 0.0, 0.1
+            if predict(bed, "hybrid", "none", constants["alpha_s"], constants["overhead_s"], settings) <= measured(row):
+                found.append(0.0)
+                continue
+            for _ in range(40):
+                middle = (low + high) / 2
+                rate = predict(bed, "hybrid", "none", constants["alpha_s"], constants["overhead_s"], settings, middle)
+                low, high = (middle, high) if rate > measured(row) else (low, middle)
+            found.append((low + high) / 2)
+    return float(np.mean(found)) if found else None
 
 
 def sync_point(bed: dict, row: dict, settings: Settings = DEFAULT) -> Optional[tuple]:
@@ -206,16 +234,18 @@ def fit(hops, y, fixed_alpha_s: float) -> Dict[str, object]:
 
 
 def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> List[dict]:
+    """Every row, predicted and measured; rows a constant was fitted on say so (``fitted``)."""
     rows = []
     for bed in beds:
         for row in bed["rows"]:
             out = {"ranks": bed["ranks"], "link": bed["link"], "compute": bed.get("compute", "emulated"),
                    "straggler": row["straggler"], "mode": row["mode"], "measured": measured(row),
                    "measured_as": "steady" if row.get("steady_samples_per_s") else "whole run",
-                   "predicted": None, "error": None, "within": None}
+                   "predicted": None, "error": None, "within": None,
+                   "fitted": sync_point(bed, row, settings) is not None or hybrid_calibration(bed, row)}
             if emulated(bed) and row["mode"] in costs.MODES:  # not the switch policy: no model of it
                 out["predicted"] = predict(bed, row["mode"], row["straggler"], constants["alpha_s"],
-                                           constants["overhead_s"], settings)
+                                           constants["overhead_s"], settings, constants.get("hybrid_s") or 0.0)
             if out["predicted"] is not None and out["measured"]:
                 out["error"] = out["predicted"] / out["measured"] - 1
                 out["within"] = bool(abs(out["error"]) <= settings.tolerance)
@@ -227,22 +257,30 @@ def render(rows: List[dict], constants: dict, tolerance: float, paths: List[str]
     fitted = (f"α = {constants['alpha_s'] * 1e6:.1f} us per ring hop, per-step overhead = "
               f"{constants['overhead_s'] * 1e3:.1f} ms ({constants['note']}"
               + (f"; rms residual {constants['rms_s'] * 1e3:.1f} ms" if constants["rms_s"] is not None else "") + ")")
-    hits = [r for r in rows if r["within"] is not None]
+    hybrid = constants.get("hybrid_s")
+    fitted += ("; hybrid's own per-step cost = " + (f"{hybrid * 1e3:.1f} ms, fitted on its rows of one rank per "
+               "host without a straggler" if hybrid is not None else "0 (no hybrid row of one rank per host)"))
+    checked = [r for r in rows if r["within"] is not None and not r["fitted"]]
+    per_mode = ", ".join(f"{mode} {sum(r['within'] for r in checked if r['mode'] == mode)} of "
+                         f"{sum(r['mode'] == mode for r in checked)}"
+                         for mode in costs.MODES if any(r["mode"] == mode for r in checked))
     lines = ["## The cost model against the bed", "",
              f"`python -m benchmarks.bed_model {' '.join(os.path.basename(p) for p in paths)}` — "
-             f"costs.Job of each row as the bed ran it (benchmarks/bed_model.py); {fitted}. Fitted on the "
-             "sync rows only; async and hybrid rows are validation. Async ran on loopback, unshaped. Measured: "
+             f"costs.Job of each row as the bed ran it (benchmarks/bed_model.py); {fitted}. Rows marked fit "
+             "gave the constants; the others are validation. Async ran on loopback, unshaped. Measured: "
              "the steady rate (after the first epoch) where the bed recorded it, else the whole run's (*).", "",
-             f"Within {tolerance:.0%}: {sum(r['within'] for r in hits)} of {len(hits)} rows.", "",
+             f"Within {tolerance:.0%}: {sum(r['within'] for r in checked)} of the {len(checked)} validation rows "
+             f"({per_mode}).", "",
              "| ranks | link | straggler | mode | predicted samples/s | measured | error | within |",
              "|---:|---|---|---|---:|---:|---:|---|"]
     for r in rows:
         cell = (lambda v, f: "-" if v is None else format(v, f))
+        within = "-" if r["within"] is None else ("yes" if r["within"] else "no")
         lines.append(f"| {r['ranks']} | {r['link']}{'' if r['compute'] == 'emulated' else ' (real)'} | {r['straggler']} | "
                      f"{r['mode']} | {cell(r['predicted'], '.0f')} | "
                      f"{cell(r['measured'], '.0f')}{'' if r['measured_as'] == 'steady' else ' *'} | "
                      f"{cell(None if r['error'] is None else 100 * r['error'], '+.1f')}{'' if r['error'] is None else ' %'} | "
-                     f"{'-' if r['within'] is None else ('yes' if r['within'] else 'no')} |")
+                     f"{within}{' (fit)' if r['fitted'] else ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -252,6 +290,7 @@ def run(paths: List[str], settings: Settings = DEFAULT) -> str:
     beds = [load(p) for p in paths]
     points = [p for bed in beds for p in map(lambda r, b=bed: sync_point(b, r, settings), bed["rows"]) if p is not None]
     constants = fit([p[0] for p in points], [p[1] for p in points], settings.fixed_alpha_us / 1e6)
+    constants["hybrid_s"] = fit_hybrid(beds, constants, settings)
     rows = table(beds, constants, settings)
     text = render(rows, constants, settings.tolerance, paths)
     folder = os.path.dirname(os.path.abspath(paths[0]))

@@ -26,8 +26,9 @@ def bed(ranks=4, hosts=(2, 2), rows=(("none", "sync", 100.0),), compute="emulate
             "rows": [{"straggler": s, "mode": m, "samples_per_s": v} for s, m, v in rows]}
 
 
-def ring(n, bits_per_s):
-    return 0.0 if n == 1 else 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * B * 8 / bits_per_s
+def ring(n, bits_per_s, models=1):
+    """A ring over n members of `models` gradients at once (hybrid's columns share a host's link)."""
+    return 0.0 if n == 1 else 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * models * B * 8 / bits_per_s
 
 
 def sync_rate(n, slowest):  # the bed's global batch is 64 at every N: 64 / N samples a rank
@@ -60,18 +61,39 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
     assert bed_model.predict(small, "async", "none", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
 
 
+HYBRID = 0.004  # hybrid's own per-step cost in these tests
+
+
 def test_hybrid_fixed_and_auto_with_a_persistent_straggler_are_the_round_formulas():
+    """2 ranks a host on loopback, 2 hosts on the link: each round's average runs in 2 columns
+    at once (2 gradients on the link), the plan's allgather over 4 ranks adds 3 α; an epoch of
+    1437 // 64 = 22 steps ends after 3 rounds of the fast group (22/3 steps a round)."""
     small = bed()
-    inner, cross = ring(2, LOOP), ring(2, MBIT * 1e6)  # 2 ranks a host on loopback; 2 hosts on the link
-    fast, slow = WAIT + OVERHEAD + inner, 4 * WAIT + OVERHEAD + inner
-    job = bed_model.job(small, "hybrid", "persistent", ALPHA, OVERHEAD)
+    inner, cross = ring(2, LOOP), ring(2, MBIT * 1e6, models=2)
+    fast, slow = WAIT + OVERHEAD + HYBRID + inner, 4 * WAIT + OVERHEAD + HYBRID + inner
+    job = bed_model.job(small, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    assert (job.epoch_steps, job.hybrid_overhead_ms) == (22, pytest.approx(4.0))
     fixed = costs.predict(dataclasses.replace(job, local_steps="fixed"))["hybrid"]
     assert fixed == pytest.approx(8 * 4 * BATCH / (8 * slow + cross), rel=1e-12)
     steps = max(1, round(8 * fast / slow))  # the slow group's steps a round
-    want = (8 + steps) * 2 * BATCH / (max(8 * fast, steps * slow) + cross)
-    assert bed_model.predict(small, "hybrid", "persistent", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
-    none = bed_model.predict(small, "hybrid", "none", ALPHA, OVERHEAD)
-    assert none == pytest.approx(8 * 4 * BATCH / (8 * fast + cross), rel=1e-12)
+    want = (22 / 3 + steps) * 2 * BATCH / (max(22 / 3 * fast, steps * slow) + cross + 3 * ALPHA)
+    got = bed_model.predict(small, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    assert got == pytest.approx(want, rel=1e-12)
+    none = bed_model.predict(small, "hybrid", "none", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    assert none == pytest.approx(22 / 3 * 4 * BATCH / (22 / 3 * fast + cross + 3 * ALPHA), rel=1e-12)
+
+
+def test_hybrids_own_step_cost_is_fitted_on_rows_of_one_rank_per_host_only():
+    """A bed of 2 hosts of one rank: a hybrid row whose rate is the formula at 7 ms of hybrid's
+    own cost gives back 7 ms; rows with 2 ranks a host, or a straggler, are not fitted on."""
+    cross = ring(2, MBIT * 1e6) + ALPHA  # one column; the allgather over 2 ranks: 1 α
+    rate = 22 / 3 * 2 * 32 / (22 / 3 * (WAIT + OVERHEAD + 0.007) + cross)  # 32 samples a rank
+    two = bed(ranks=2, hosts=(1, 1), rows=(("none", "hybrid", rate), ("persistent", "hybrid", rate / 2)))
+    constants = {"alpha_s": ALPHA, "overhead_s": OVERHEAD}
+    assert bed_model.fit_hybrid([two], constants) == pytest.approx(0.007, rel=1e-6)
+    assert [bed_model.hybrid_calibration(two, r) for r in two["rows"]] == [True, False]
+    four = bed(rows=(("none", "hybrid", 500.0),))
+    assert bed_model.fit_hybrid([four], constants) is None and not bed_model.hybrid_calibration(four, four["rows"][0])
 
 
 def test_a_pareto_tail_has_mean_one_and_the_closed_form_expected_maximum():

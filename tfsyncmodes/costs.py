@@ -18,10 +18,16 @@ What a step costs, for ``ranks`` ranks of which ``ranks_per_host`` share a host:
   parameter servers, each at its own pace; the servers' links carry ``2 B`` per update in all,
   so the job's rate is the lesser of the workers' own rates and what ``ps`` links can carry.
 - **hybrid** (one group per host): inside a group a step waits for the group's slowest rank and
-  allreduces on the host's link; every ``period`` steps the groups average the model across
-  hosts. ``local_steps="fixed"``: every group runs ``period`` steps a round, so a round lasts as
-  long as the slowest group's; ``"auto"``: the fastest group runs ``period`` and the others as
-  many as fit in the same time (at least one), so slow groups do less of the work.
+  allreduces on the host's link, plus ``hybrid_overhead_ms`` (the step's own bookkeeping of
+  rounds); every ``period`` steps the groups average the model across hosts. The average runs
+  in *columns* (rank j of every group, :mod:`tfsyncmodes.exchange.groups`), all at once, so a
+  host's link carries ``ranks_per_host`` models a round. ``local_steps="fixed"``: every group
+  runs ``period`` steps a round, so a round lasts as long as the slowest group's;
+  ``"auto"``: every round also allgathers each rank's figures over all ranks ((N-1) α), the
+  fastest group runs ``period`` steps (fewer on average when an epoch of ``epoch_steps`` does
+  not divide into rounds: every group ends an epoch at the same round) and the others
+  ``round(period * t_fastest / t_g)`` (at least one), so slow groups do less of the work; a
+  round waits for the group whose steps added up longest (Monte Carlo over the rounds).
 
 It predicts throughput (samples per second), not how many samples each mode needs to reach a
 given accuracy (async and hybrid usually need more than sync). Sizes are in bytes, times in
@@ -56,6 +62,8 @@ class Job:
     pareto_alpha: float = 0.0       # Pareto shape of per-step delays, mean 1 (0: none; else > 1)
     overhead_ms: float = 0.0        # per-step time that no straggler or tail scales
     period: int = 8                 # hybrid: inner steps per round
+    epoch_steps: int = 0            # hybrid: steps in an epoch (0: unknown, rounds of period steps)
+    hybrid_overhead_ms: float = 0.0  # hybrid: per-step time of its own bookkeeping (beyond overhead_ms)
     local_steps: str = "auto"       # hybrid: fixed | auto
     ps: int = 1                     # async: parameter servers
 
@@ -69,7 +77,8 @@ class Job:
                   (self.ranks_per_host >= 1 and self.ranks % self.ranks_per_host == 0, "ranks_per_host",
                    "a divisor of ranks"), (self.batch >= 1, "batch", ">= 1"),
                   (self.straggler >= 1, "straggler", ">= 1"), (self.tail_sigma >= 0, "tail_sigma", ">= 0"),
-                  (self.period >= 1, "period", ">= 1"), (self.local_steps in ("fixed", "auto"), "local_steps",
+                  (self.period >= 1, "period", ">= 1"), (self.epoch_steps >= 0, "epoch_steps", ">= 0"),
+                  (self.hybrid_overhead_ms >= 0, "hybrid_overhead_ms", ">= 0"), (self.local_steps in ("fixed", "auto"), "local_steps",
                                                            "fixed or auto"), (self.ps >= 1, "ps", ">= 1")]
         for ok, name, want in checks:
             if not ok:
@@ -127,21 +136,36 @@ def predict(job: Job) -> Dict[str, float]:
     capacity = job.ps * job.link_gbit * 1e9 / (2 * size * 8)
     async_rate = min(worker_rates.sum(), capacity) * job.batch
 
-    # hybrid: groups are hosts; the cross-host average every round.
-    groups = times.reshape(len(times), job.hosts, job.ranks_per_host).max(axis=2)
-    inner = allreduce_seconds(job.ranks_per_host, size, job.host_gbit, latency)
-    group_step = groups.mean(axis=0) + inner          # each group's mean step
-    cross = allreduce_seconds(job.hosts, size, job.link_gbit, latency)
-    if job.local_steps == "fixed" or job.hosts == 1:
-        round_time = _mean_round(groups, job.period) + job.period * inner + cross
-        samples = job.ranks * job.batch * job.period
-    else:
-        fastest = group_step.min()
-        steps = np.maximum(1, np.round(job.period * fastest / group_step))
-        round_time = float((steps * group_step).max()) + cross
-        samples = float(steps.sum()) * job.ranks_per_host * job.batch
-    hybrid = samples / round_time
+    hybrid = hybrid_rate(job, times, latency)
     return {"sync": sync, "async": async_rate, "hybrid": hybrid}
+
+
+def hybrid_rate(job: Job, times: np.ndarray, latency: float) -> float:
+    """Hybrid's samples per second from (steps, ranks) compute times."""
+    k, size = job.ranks_per_host, job.grad_bytes
+    inner = allreduce_seconds(k, size, job.host_gbit, latency)
+    steps = times.reshape(len(times), job.hosts, k).max(axis=2) + inner + job.hybrid_overhead_ms / 1e3
+    cross = allreduce_seconds(job.hosts, size * k, job.link_gbit, latency)  # k columns share the link
+    if job.local_steps == "fixed" or job.hosts == 1:
+        return job.ranks * job.batch * job.period / (_mean_round(steps, job.period) + cross)
+    cross += (job.ranks - 1) * latency  # the plan's allgather over every rank
+    mean = steps.mean(axis=0)
+    plan = np.maximum(1.0, np.round(job.period * mean.min() / mean))
+    if job.epoch_steps:  # the epoch ends for all at the round where the fastest group has run it
+        plan = np.minimum(plan, job.epoch_steps / np.ceil(job.epoch_steps / plan.max()))
+    round_time = float((plan * mean).max()) + _round_wait(steps, np.round(plan).astype(int)) + cross
+    return float(plan.sum()) * k * job.batch / round_time
+
+
+def _round_wait(steps: np.ndarray, plan: np.ndarray) -> float:
+    """How much longer a round is, on average, than its slowest group's expected steps: each
+    group adds up its own `plan[g]` consecutive step times (Monte Carlo), the round waits for
+    the largest sum."""
+    rounds = len(steps) // int(plan.max())
+    if rounds == 0:
+        return 0.0
+    sums = np.stack([steps[:rounds * n, g].reshape(rounds, n).sum(axis=1) for g, n in enumerate(plan)], axis=1)
+    return float(sums.max(axis=1).mean() - (plan * steps.mean(axis=0)).max())
 
 
 def _mean_round(groups: np.ndarray, period: int) -> float:
