@@ -9,7 +9,9 @@ hosts layout (hybrid's groups), one rank's compute = the emulated wait (``emulat
 which the trainer scales by the straggler's factor and the Pareto tail) plus a fitted per-step
 overhead (which neither scales), gradients of ``emulated_parameters() * 4`` bytes, the link at
 its measured rate (async: loopback, ``--loopback_gbit``, as the bed runs it), hybrid's period and
-local steps at the trainer's defaults (the bed passes neither), one ps. Conditions: persistent =
+local steps at the trainer's defaults (the bed passes neither), hybrid's average in slices
+where the file says ``"hybrid_exchange": "slices"`` (files from before 0.2.0 ran whole models
+in every column), one ps. Conditions: persistent =
 rank 1 four times slower; heavy = Pareto(``pareto_alpha``) per-step factors of mean 1;
 transient = four times slower for a window of W seconds (``transient_window_s``): the run's
 N samples take W + (N - r_slow W) / r_fast seconds, with r_slow the persistent job's rate and
@@ -141,7 +143,8 @@ def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
                      straggler=cal.SLOW_FACTOR if condition in ("persistent", "transient") else 1.0,
                      pareto_alpha=bed.get("pareto_alpha", 2.0) if condition == "heavy" else 0.0,
                      period=hybrid["period"].default_for("hybrid"), epoch_steps=cal.TRAIN_SAMPLES // settings.batch_size,
-                     local_steps=hybrid["local_steps"].default_for("hybrid"), hybrid_overhead_ms=hybrid_s * 1e3, ps=1)
+                     local_steps=hybrid["local_steps"].default_for("hybrid"), hybrid_overhead_ms=hybrid_s * 1e3,
+                     hybrid_slices=bed.get("hybrid_exchange") == "slices", ps=1)
 
 
 def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,

@@ -4,7 +4,7 @@ real run whose probe is controlled (a 4x straggler named for the start of the ru
 The reference is docs/switching.md's rule worked out by hand for profiles without a tail: the
 link is fitted so that the probe's allreduce takes what it took, so sync's step is the slowest
 rank's step plus that time; hybrid's groups of G ranks allreduce on the same link inside the
-group every step and across groups every round (every column at once: G gradients on the link);
+group every step and across groups every round (each column its slice, then gathered in the group);
 with speed-proportional local steps every round also allgathers over all ranks and the
 fastest group runs `period` steps a round and the others round(period x t_fastest / t_g).
 Hybrid is picked when its rate is at least 1.25 times sync's (the documented margin).
@@ -36,6 +36,14 @@ def ring(members, allreduce_seconds, ranks, models=1):
     return 2 * (members - 1) * ALPHA + 2 * (members - 1) / members * models * per_byte_pass
 
 
+def gather(members, allreduce_seconds, ranks):
+    """A ring allgather of the probe's bytes in all (a slice from each) over `members`."""
+    if members == 1:
+        return 0.0
+    per_byte_pass = (allreduce_seconds - 2 * (ranks - 1) * ALPHA) * ranks / (2 * (ranks - 1))
+    return (members - 1) * ALPHA + (members - 1) / members * per_byte_pass
+
+
 def reference(times, allreduce_seconds, group_size, period=8, local_steps="auto"):
     """(sync rate, hybrid rate) in samples/s, and the mode the documented rule picks."""
     ranks = len(times)
@@ -46,7 +54,8 @@ def reference(times, allreduce_seconds, group_size, period=8, local_steps="auto"
     model = [slowest] + [base] * (ranks - 1)  # the slow rank first: it is in the first group
     group_steps = np.array([max(model[g * group_size:(g + 1) * group_size]) for g in range(groups)])
     group_steps += ring(group_size, allreduce_seconds, ranks)
-    cross = ring(groups, allreduce_seconds, ranks, models=group_size)  # the columns run at once
+    # Each column averages its slice, then the group gathers the slices (on the same link).
+    cross = ring(groups, allreduce_seconds, ranks) + gather(group_size, allreduce_seconds, ranks)
     if local_steps == "fixed":
         hybrid = ranks * BATCH * period / (period * group_steps.max() + cross)
     else:  # + the plan's allgather over every rank

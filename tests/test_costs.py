@@ -18,6 +18,16 @@ def ring(n, gbit, models=1):
     return 0.0 if n == 1 else 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * models * B * 8 / (gbit * 1e9)
 
 
+def gather(n, gbit):
+    """A ring allgather of B bytes in all over n members (a slice from each)."""
+    return 0.0 if n == 1 else (n - 1) * ALPHA + (n - 1) / n * B * 8 / (gbit * 1e9)
+
+
+# Hybrid's average across the 4 hosts of 2 ranks: each column its slice (one model on a host's
+# link in all), then the host gathers the two slices.
+CROSS = ring(4, GBIT) + gather(2, 100.0)
+
+
 def job(**kw):
     base = dict(ranks=8, ranks_per_host=2, step_ms=T * 1e3, grad_mb=B / 1e6, link_gbit=GBIT, host_gbit=100.0,
                 latency_us=ALPHA * 1e6, batch=BATCH, period=8)
@@ -29,8 +39,11 @@ def test_without_tails_or_stragglers_each_mode_is_its_closed_form():
     assert got["sync"] == pytest.approx(8 * BATCH / (T + ring(8, GBIT)), rel=1e-12)
     per_update = 2 * B * 8 / (GBIT * 1e9) + 2 * ALPHA
     assert got["async"] == pytest.approx(min(8 / (T + per_update), GBIT * 1e9 / (2 * B * 8)) * BATCH, rel=1e-12)
-    round_time = 8 * (T + ring(2, 100.0)) + ring(4, GBIT, models=2)  # 2 ranks a host: 2 columns
+    round_time = 8 * (T + ring(2, 100.0)) + CROSS
     assert got["hybrid"] == pytest.approx(8 * BATCH * 8 / round_time, rel=1e-12)
+    # Each column with the whole model (as before 0.2.0): 2 models on a host's link.
+    whole = costs.predict(job(local_steps="fixed", hybrid_slices=False))["hybrid"]
+    assert whole == pytest.approx(8 * BATCH * 8 / (8 * (T + ring(2, 100.0)) + ring(4, GBIT, models=2)), rel=1e-12)
     # With equal ranks, speed-proportional steps are the fixed plan, and every round also
     # allgathers the plan's figures over all 8 ranks (7 latencies).
     auto = costs.predict(job(local_steps="auto"))["hybrid"]
@@ -45,10 +58,10 @@ def test_a_persistent_straggler_holds_sync_back_and_auto_local_steps_route_aroun
     assert got["sync"] == pytest.approx(8 * BATCH / (4 * T + ring(8, GBIT)), rel=1e-12)
     fast, slow = T + ring(2, 100.0), 4 * T + ring(2, 100.0)
     slow_steps = max(1, round(8 * fast / slow))  # the rule: round(period * t_fastest / t_g)
-    round_time = max(8 * fast, slow_steps * slow) + ring(4, GBIT, models=2) + 7 * ALPHA
+    round_time = max(8 * fast, slow_steps * slow) + CROSS + 7 * ALPHA
     assert got["hybrid"] == pytest.approx((3 * 8 + slow_steps) * 2 * BATCH / round_time, rel=1e-12)
     fixed = costs.predict(job(straggler=4.0, local_steps="fixed"))["hybrid"]
-    assert fixed == pytest.approx(8 * 8 * BATCH / (8 * slow + ring(4, GBIT, models=2)), rel=1e-12)
+    assert fixed == pytest.approx(8 * 8 * BATCH / (8 * slow + CROSS), rel=1e-12)
     assert got["hybrid"] > 2 * fixed
     assert costs.best(got) == "async"  # one slow worker costs async only its own share
 
@@ -59,7 +72,7 @@ def test_an_epoch_that_does_not_divide_into_rounds_makes_the_fastest_groups_roun
     than that keeps its plan."""
     got = costs.predict(job(epoch_steps=22, local_steps="auto"))["hybrid"]
     step = T + ring(2, 100.0)
-    cross = ring(4, GBIT, models=2) + 7 * ALPHA
+    cross = CROSS + 7 * ALPHA
     assert got == pytest.approx(4 * (22 / 3) * 2 * BATCH / (22 / 3 * step + cross), rel=1e-12)
     slow = costs.predict(job(epoch_steps=22, straggler=4.0, local_steps="auto"))["hybrid"]
     fast, slower = step, 4 * T + ring(2, 100.0)
@@ -79,10 +92,10 @@ def test_a_round_waits_for_the_group_whose_steps_added_up_longest():
     rounds = 100_000
     delays = rng.lognormal(-sigma ** 2 / 2, sigma, size=(rounds, 8, 4, 2))  # round, step, host, rank
     group_steps = T * delays.max(axis=3) + ring(2, 100.0)                     # a group waits for its slowest
-    round_time = group_steps.sum(axis=1).max(axis=1).mean() + ring(4, GBIT, models=2) + 7 * ALPHA
+    round_time = group_steps.sum(axis=1).max(axis=1).mean() + CROSS + 7 * ALPHA
     assert got == pytest.approx(8 * 8 * BATCH / round_time, rel=0.02)
     # Without the wait (the slowest expected sum alone) the model would be 5 % or more faster.
-    no_wait = 8 * 8 * BATCH / (8 * group_steps.mean() + ring(4, GBIT, models=2) + 7 * ALPHA)
+    no_wait = 8 * 8 * BATCH / (8 * group_steps.mean() + CROSS + 7 * ALPHA)
     assert no_wait > 1.05 * got
 
 

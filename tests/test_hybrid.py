@@ -390,14 +390,17 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path_factory):
     np.testing.assert_allclose(plain["kernel"], kernel, rtol=0, atol=1e-6)
     np.testing.assert_allclose(plain["bias"], bias, rtol=0, atol=1e-6)
     assert np.abs(plain["kernel0"] - results["plain"][2]["kernel0"]).max() > 1e-3  # broadcast mattered
-    # Bytes in the history come from the payloads: dense float32, fp16, k values + k indices.
+    # Bytes in the history come from what each rank sends across groups: a dense payload
+    # (float32, fp16) goes in slices, rank j of a group the j-th of 2 (rank 0: the first
+    # size // 2 entries, rank 1 the rest); Top-K's k values + k indices go whole.
     k = int(np.ceil(0.25 * size))
-    expected = {"plain": (4 * size, 1.0), "topk": (8 * k, 8 * k / (4 * size)),
-                "stale_fp16": (2 * size, 0.5), "periodic_topk": (8 * k * (steps // 2) / steps, None)}
-    for name, (sent, ratio) in expected.items():
-        w = results[name][0]
-        assert float(w["bytes_sent"]) == pytest.approx(sent)
-        assert float(w["compression_ratio"]) == pytest.approx(ratio or sent / (4 * size))
+    for rank, entries in ((0, size // 2), (1, size - size // 2)):
+        expected = {"plain": (4 * entries, None), "topk": (8 * k, 8 * k / (4 * size)),
+                    "stale_fp16": (2 * entries, None), "periodic_topk": (8 * k * (steps // 2) / steps, None)}
+        for name, (sent, ratio) in expected.items():
+            w = results[name][rank]
+            assert float(w["bytes_sent"]) == pytest.approx(sent), (name, rank)
+            assert float(w["compression_ratio"]) == pytest.approx(ratio or sent / (4 * size))
     check_as_periodic_and_elastic(results, "periodic_topk", steps)
 
 

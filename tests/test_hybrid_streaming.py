@@ -31,11 +31,15 @@ def streaming_job(tmp_path_factory):
     return _DONE["job"]
 
 
-def payload_bytes(entries, knobs):
-    """Bytes one rank sends for `entries` entries: float32, or Top-K's k values + k int32 indices."""
+def payload_bytes(entries, knobs, position=None):
+    """Bytes one rank sends for `entries` entries: Top-K's k values + k int32 indices, or float32;
+    a dense payload goes in slices across the groups, rank j of a group of 2 sending the j-th
+    (`position`; None: the whole payload, as one group sends it)."""
     if knobs["compression"] == "topk":
         return 8 * max(1, math.ceil(knobs["topk_ratio"] * entries - 1e-9))
-    return 4 * entries
+    if position is None:
+        return 4 * entries
+    return 4 * (entries * (position + 1) // 2 - entries * position // 2)
 
 
 def replay(workers, knobs):
@@ -71,20 +75,27 @@ def test_streaming_fragments_equal_numpy_and_send_one_fragment_per_exchange(tmp_
         assert np.abs(whole[0][0] - want[0][0]).max() > 1e-4, name
         # The traffic counter after every step: a round's payload of the due fragment, 0 between.
         bounds = fragment_bounds(SIZE, count)
-        expected = [0] * steps
-        for step, fragment in rounds:
-            entries = SIZE if fragment == "whole" else bounds[fragment][1] - bounds[fragment][0]
-            expected[step - 1] = payload_bytes(entries, knobs)
         assert rounds == SCHEDULES[name], rounds  # the replay follows the documented schedule
-        for w in workers:
-            assert list(w["step_bytes"]) == expected, (name, list(w["step_bytes"]), expected)
-            assert float(w["bytes_sent"]) == pytest.approx(sum(expected) / steps)
-        # Peak bytes per exchange after the warm-up: one fragment's, about 1/K of the whole model's.
-        peak = max(list(workers[0]["step_bytes"])[knobs.get("warmup_steps", 0):])
+        totals = []
+        for rank, w in enumerate(workers):
+            expected = [0] * steps
+            for step, fragment in rounds:
+                entries = SIZE if fragment == "whole" else bounds[fragment][1] - bounds[fragment][0]
+                expected[step - 1] = payload_bytes(entries, knobs, position=rank % 2)  # groups [0, 1], [2, 3]
+            assert list(w["step_bytes"]) == expected, (name, rank, list(w["step_bytes"]), expected)
+            totals.append(sum(expected))
+        for w in workers:  # the History's figure: the ranks' mean
+            assert float(w["bytes_sent"]) == pytest.approx(np.mean(totals) / steps)
+        # Peak bytes per exchange after the warm-up: one fragment's, about 1/K of the whole
+        # model's (a dense fragment travels in its group's two slices: ranks 0 and 1 together).
+        warm = knobs.get("warmup_steps", 0)
+        mine, peer = list(workers[0]["step_bytes"]), list(workers[1]["step_bytes"])
+        sent = mine if knobs["compression"] == "topk" else [a + b for a, b in zip(mine, peer)]
+        peak = max(sent[warm:])
         assert peak == payload_bytes(math.ceil(SIZE / count), knobs) < payload_bytes(SIZE, knobs)
         if knobs["compression"] == "none":
             assert peak / payload_bytes(SIZE, knobs) == pytest.approx(1 / count, abs=1 / SIZE)
-            assert max(workers[0]["step_bytes"]) == peak
+            assert max(sent) == peak
 
 
 @pytest.mark.slow

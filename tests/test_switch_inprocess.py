@@ -214,10 +214,12 @@ def test_keras3_sync_hybrid_sync_periodic_equal_numpy_and_one_state_after(tmp_pa
     knobs = {"compression": "none", "period": 4, "cross_group": "periodic"}  # hybrid's defaults
     result, runs = run_job(tmp_path, "sgd,adam", TFSYNC_MODE_SCHEDULE=text, TFSYNC_PERIOD=4)
     check_switches(runs["sgd"], text, knobs, "SyncOptimizer")
-    # bytes_sent per epoch: the dense float32 model change of each average over the epoch's hybrid steps
-    # (0 in sync steps and epochs), one History entry per epoch.
+    # bytes_sent per epoch: each rank's slice of the dense float32 model change of each average
+    # (2 groups of 2: half of its 18 entries, rank j of a group the j-th half) over the epoch's
+    # hybrid steps (0 in sync steps and epochs), one History entry per epoch.
     phases, period = schedule_lib.phases(text, EPOCHS * STEPS, STEPS), knobs["period"]
-    size = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
+    size = (reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS) / 2
+    assert size == 9
     hybrid = [p for p in phases if p.mode == "hybrid"][0]
     want = []
     for e in range(EPOCHS):

@@ -20,8 +20,10 @@ What a step costs, for ``ranks`` ranks of which ``ranks_per_host`` share a host:
 - **hybrid** (one group per host): inside a group a step waits for the group's slowest rank and
   allreduces on the host's link, plus ``hybrid_overhead_ms`` (the step's own bookkeeping of
   rounds); every ``period`` steps the groups average the model across hosts. The average runs
-  in *columns* (rank j of every group, :mod:`tfsyncmodes.exchange.groups`), all at once, so a
-  host's link carries ``ranks_per_host`` models a round. ``local_steps="fixed"``: every group
+  in *columns* (rank j of every group, :mod:`tfsyncmodes.exchange.groups`), all at once, each
+  on its j-th slice of the model, then an allgather of the slices inside the host: a host's
+  link carries one model a round (``hybrid_slices=False``: each column the whole model, as
+  before 0.2.0, so ``ranks_per_host`` models). ``local_steps="fixed"``: every group
   runs ``period`` steps a round, so a round lasts as long as the slowest group's;
   ``"auto"``: every round also allgathers each rank's figures over all ranks ((N-1) α), the
   fastest group runs ``period`` steps (fewer on average when an epoch of ``epoch_steps`` does
@@ -64,6 +66,7 @@ class Job:
     period: int = 8                 # hybrid: inner steps per round
     epoch_steps: int = 0            # hybrid: steps in an epoch (0: unknown, rounds of period steps)
     hybrid_overhead_ms: float = 0.0  # hybrid: per-step time of its own bookkeeping (beyond overhead_ms)
+    hybrid_slices: bool = True      # hybrid: each column averages its slice (False: the whole model)
     local_steps: str = "auto"       # hybrid: fixed | auto
     ps: int = 1                     # async: parameter servers
 
@@ -98,6 +101,13 @@ def allreduce_seconds(members: int, size: float, gbit: float, latency_s: float) 
     if members <= 1:
         return 0.0
     return 2 * (members - 1) * latency_s + 2 * (members - 1) / members * size * 8 / (gbit * 1e9)
+
+
+def _allgather_seconds(members: int, size: float, gbit: float, latency_s: float) -> float:
+    """A ring allgather of `size` bytes in all (1/members from each) over `members`."""
+    if members <= 1:
+        return 0.0
+    return (members - 1) * latency_s + (members - 1) / members * size * 8 / (gbit * 1e9)
 
 
 def compute_seconds(job: Job, steps: int = SAMPLES, seed: int = SEED) -> np.ndarray:
@@ -145,7 +155,11 @@ def hybrid_rate(job: Job, times: np.ndarray, latency: float) -> float:
     k, size = job.ranks_per_host, job.grad_bytes
     inner = allreduce_seconds(k, size, job.host_gbit, latency)
     steps = times.reshape(len(times), job.hosts, k).max(axis=2) + inner + job.hybrid_overhead_ms / 1e3
-    cross = allreduce_seconds(job.hosts, size * k, job.link_gbit, latency)  # k columns share the link
+    if job.hybrid_slices:  # k slices share the link, then the host gathers them
+        cross = allreduce_seconds(job.hosts, size, job.link_gbit, latency) + _allgather_seconds(k, size, job.host_gbit,
+                                                                                                   latency)
+    else:  # k whole models share the link
+        cross = allreduce_seconds(job.hosts, size * k, job.link_gbit, latency)
     if job.local_steps == "fixed" or job.hosts == 1:
         return job.ranks * job.batch * job.period / (_mean_round(steps, job.period) + cross)
     cross += (job.ranks - 1) * latency  # the plan's allgather over every rank

@@ -6,8 +6,10 @@ the exchange and the Keras glue that calls Horovod's collectives; every other pa
 - :class:`HorovodAllreduce`, a part: the dense mean over a process set, every step;
 - cross-group communicators, whose contract is ``send_receive(payload, compressor, ctx, name,
   everyone=False) -> the sum of the other groups' updates`` (with `everyone`, of every group's,
-  this one's included, summed in the same order on every rank), decompressed, dense float32.
-  One may run as many collective rounds as it needs.
+  this one's included, summed in the same order on every rank), decompressed, dense float32,
+  and ``wire_bytes(payload)``, what this rank puts on the cross-group wire for it. One may run
+  as many collective rounds as it needs; between groups of several ranks a dense payload goes
+  in slices (:class:`ShardedCrossGroupAllreduce`).
 
 Horovod is imported in the functions that call it, so that importing the exchange does not
 need it.
@@ -19,6 +21,7 @@ from typing import Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tfsyncmodes.exchange.base import Part, densify
+from tfsyncmodes.exchange.compressors import payload_bytes
 
 
 def horovod_world() -> Tuple[int, int]:
@@ -144,6 +147,10 @@ class CrossGroupCommunicator:
     def send_receive(self, payload, compressor, ctx, name: str, everyone: bool = False):
         raise NotImplementedError
 
+    def wire_bytes(self, payload) -> tf.Tensor:
+        """Bytes this rank puts on the cross-group wire for `payload`: all of it."""
+        return payload_bytes(payload)
+
     def _alone(self, payload, compressor, ctx, everyone: bool):
         return compressor.decompress(tuple(payload), ctx) if everyone else tf.zeros([ctx.size], tf.float32)
 
@@ -181,6 +188,54 @@ class CrossGroupAllreduce(CrossGroupCommunicator):
         return summed if everyone else summed - compressor.decompress(tuple(payload), ctx)
 
 
+class ShardedCrossGroupAllreduce(CrossGroupAllreduce):
+    """Dense payloads between groups of k > 1 ranks: the ranks of a group hold the same payload
+    (their group's), so rank j of the group allreduces only the j-th of k near-equal slices of
+    each payload tensor across its column, and the group then allgathers the k summed slices
+    inside itself. A host's link carries one payload a round instead of k (one per column),
+    and every rank ends with the same sum, each element summed over the same column in group
+    order as before. Tensors of fewer than k elements, or not flat, go whole through the column.
+
+    `group_set`: this rank's group's process set; `position`: this rank's place in its group
+    (its column, in the group's rank order, which is Horovod's allgather order); `group_size`: k.
+    """
+
+    def __init__(self, process_set, group_order: Sequence[int], own: int, group_set, position: int,
+                 group_size: int):
+        super().__init__(process_set, group_order, own)
+        self.group_set, self.position, self.group_size = group_set, position, group_size
+
+    def _slice(self, tensor) -> Optional[Tuple[int, int]]:
+        """[low, high) of this rank's slice of `tensor`, None if it travels whole."""
+        n, k = (tensor.shape[0] if tensor.shape.rank == 1 else None), self.group_size
+        if n is None or n < k:
+            return None
+        return n * self.position // k, n * (self.position + 1) // k
+
+    def send_receive(self, payload, compressor, ctx, name, everyone=False):
+        if self.process_set is None:
+            return self._alone(payload, compressor, ctx, everyone)
+        import horovod.tensorflow as hvd
+
+        summed = []
+        for i, tensor in enumerate(payload):
+            part = self._slice(tensor)
+            if part is None:
+                summed.append(hvd.allreduce(tensor, op=hvd.Sum, name=f"{name}.{i}", process_set=self.process_set))
+                continue
+            mine = hvd.allreduce(tensor[part[0]:part[1]], op=hvd.Sum, name=f"{name}.{i}", process_set=self.process_set)
+            whole = hvd.allgather(mine, name=f"{name}.{i}.slices", process_set=self.group_set)
+            summed.append(tf.ensure_shape(whole, tensor.shape))
+        total = compressor.decompress(tuple(summed), ctx)
+        return total if everyone else total - compressor.decompress(tuple(payload), ctx)
+
+    def wire_bytes(self, payload) -> tf.Tensor:
+        """Bytes of this rank's slices (and of the tensors that travel whole)."""
+        sizes = [(lambda part: tensor.shape[0] if part is None else part[1] - part[0])(self._slice(tensor))
+                 * tensor.dtype.size for tensor in payload]
+        return tf.constant(sum(sizes), tf.int64)
+
+
 def cross_group(compressor, process_set, group_order: Sequence[int], own: int) -> CrossGroupCommunicator:
     """Allgather for sparse payloads (indices differ per group), allreduce for dense ones."""
     cls = CrossGroupAllgather if compressor.sparse else CrossGroupAllreduce
@@ -195,6 +250,10 @@ def across_groups(compressor, groups=None) -> CrossGroupCommunicator:
     layout = groups.layout
     column = layout.column_of(groups.rank)
     order = [sorted(column).index(rank) for rank in column]
+    if not compressor.sparse and groups.group_set is not None and groups.cross_set is not None:
+        group = layout.groups[groups.group_index]
+        return ShardedCrossGroupAllreduce(groups.cross_set, order, groups.group_index, groups.group_set,
+                                          group.index(groups.rank), len(group))
     return cross_group(compressor, groups.cross_set, order, groups.group_index)
 
 

@@ -4,8 +4,10 @@ carry the exchange inside and across groups.
 Ranks of one group hold the same dense group average after the intra-group allreduce, so the
 cross-group exchange needs only one rank per group. Every rank still takes part: rank j of
 each group joins the *column* process set {group[j] for every group}, and the columns run in
-parallel, each carrying the same payloads. That keeps all ranks busy and needs no broadcast
-back into the group. Because columns pair up the j-th members, groups must be equally sized;
+parallel. A dense payload goes in slices: column j averages the j-th slice, and each group
+gathers its slices (:class:`~tfsyncmodes.exchange.communicators.ShardedCrossGroupAllreduce`),
+so a host's link carries one payload a round; a sparse one (Top-K, quantized) goes whole in
+every column. That keeps all ranks busy and needs no broadcast back into the group. Because columns pair up the j-th members, groups must be equally sized;
 with equal sizes the mean over groups of the group means is also the mean over all ranks.
 """
 from __future__ import annotations

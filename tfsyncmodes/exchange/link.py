@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import tensorflow as tf
 
 from tfsyncmodes.exchange.base import StateFactory
-from tfsyncmodes.exchange.compressors import Compressor, payload_bytes
+from tfsyncmodes.exchange.compressors import Compressor
 from tfsyncmodes.exchange.flat import TensorContext
 from tfsyncmodes.exchange.memory import Memory
 from tfsyncmodes.exchange.traffic import WireTraffic
@@ -63,7 +63,7 @@ class CrossGroupLink:
         compensated = self.memory.compensate(tensor, ctx)
         payload = self.compressor.compress(compensated, ctx)
         remembered = self.memory.update(compensated, payload, self.compressor, ctx)
-        counted = self.traffic.record(payload_bytes(payload))
+        counted = self.traffic.record(self.transport.wire_bytes(payload))
         with tf.control_dependencies([remembered, counted]):
             return tuple(tf.identity(t) for t in payload)
 

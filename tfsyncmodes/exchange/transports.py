@@ -48,6 +48,10 @@ class InStep:
         """(dtype, shape) of each payload tensor of the built tensor."""
         return self.compressor.payload_spec(self.ctx)
 
+    def wire_bytes(self, payload):
+        """Bytes this rank puts on the cross-group wire for `payload` (its communicator's count)."""
+        return self.communicator.wire_bytes(tuple(payload))
+
     def round(self, payload, name: str, ctx=None):
         """One round across groups: the sum of the other groups' updates, dense (`ctx`: a
         fragment's context; None: the whole model's)."""
@@ -124,6 +128,9 @@ class BackgroundExchange:
     @property
     def own_group(self) -> int:
         return self.in_step.own_group
+
+    def wire_bytes(self, payload):
+        return self.in_step.wire_bytes(payload)
 
     def build(self, ctx, state, start: bool = True):
         self.in_step.build(ctx, state)
