@@ -231,9 +231,13 @@ class ShardedCrossGroupAllreduce(CrossGroupAllreduce):
 
     def wire_bytes(self, payload) -> tf.Tensor:
         """Bytes of this rank's slices (and of the tensors that travel whole)."""
-        sizes = [(lambda part: tensor.shape[0] if part is None else part[1] - part[0])(self._slice(tensor))
-                 * tensor.dtype.size for tensor in payload]
-        return tf.constant(sum(sizes), tf.int64)
+        if any(t.shape.num_elements() is None for t in payload):
+            return payload_bytes(payload)  # shapes known only when it runs: no slices either
+        total = 0
+        for tensor in payload:
+            part = self._slice(tensor)
+            total += (tensor.shape.num_elements() if part is None else part[1] - part[0]) * tensor.dtype.size
+        return tf.constant(total, tf.int64)
 
 
 def cross_group(compressor, process_set, group_order: Sequence[int], own: int) -> CrossGroupCommunicator:
