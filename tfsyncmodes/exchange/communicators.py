@@ -180,12 +180,14 @@ class CrossGroupAllreduce(CrossGroupCommunicator):
     def send_receive(self, payload, compressor, ctx, name, everyone=False):
         if self.process_set is None:
             return self._alone(payload, compressor, ctx, everyone)
+        summed = compressor.decompress(tuple(self._sum(t, f"{name}.{i}") for i, t in enumerate(payload)), ctx)
+        return summed if everyone else summed - compressor.decompress(tuple(payload), ctx)
+
+    def _sum(self, tensor, name: str):
+        """Every group's `tensor`, summed over the column."""
         import horovod.tensorflow as hvd
 
-        summed = compressor.decompress(tuple(
-            hvd.allreduce(t, op=hvd.Sum, name=f"{name}.{i}", process_set=self.process_set)
-            for i, t in enumerate(payload)), ctx)
-        return summed if everyone else summed - compressor.decompress(tuple(payload), ctx)
+        return hvd.allreduce(tensor, op=hvd.Sum, name=name, process_set=self.process_set)
 
 
 class ShardedCrossGroupAllreduce(CrossGroupAllreduce):
@@ -212,22 +214,15 @@ class ShardedCrossGroupAllreduce(CrossGroupAllreduce):
             return None
         return n * self.position // k, n * (self.position + 1) // k
 
-    def send_receive(self, payload, compressor, ctx, name, everyone=False):
-        if self.process_set is None:
-            return self._alone(payload, compressor, ctx, everyone)
+    def _sum(self, tensor, name: str):
+        """This rank's slice summed over the column, then the group's slices gathered."""
+        part = self._slice(tensor)
+        if part is None:
+            return super()._sum(tensor, name)
         import horovod.tensorflow as hvd
 
-        summed = []
-        for i, tensor in enumerate(payload):
-            part = self._slice(tensor)
-            if part is None:
-                summed.append(hvd.allreduce(tensor, op=hvd.Sum, name=f"{name}.{i}", process_set=self.process_set))
-                continue
-            mine = hvd.allreduce(tensor[part[0]:part[1]], op=hvd.Sum, name=f"{name}.{i}", process_set=self.process_set)
-            whole = hvd.allgather(mine, name=f"{name}.{i}.slices", process_set=self.group_set)
-            summed.append(tf.ensure_shape(whole, tensor.shape))
-        total = compressor.decompress(tuple(summed), ctx)
-        return total if everyone else total - compressor.decompress(tuple(payload), ctx)
+        mine = super()._sum(tensor[part[0]:part[1]], name)
+        return tf.ensure_shape(hvd.allgather(mine, name=f"{name}.slices", process_set=self.group_set), tensor.shape)
 
     def wire_bytes(self, payload) -> tf.Tensor:
         """Bytes of this rank's slices (and of the tensors that travel whole)."""
