@@ -47,6 +47,7 @@ flags.DEFINE_float("pareto_alpha", 2.0, "ALPHA of the heavy condition's Pareto p
 flags.DEFINE_float("timeout", 900.0, "Seconds one run may take.")
 flags.DEFINE_string("python", None, "The interpreter of the ranks and tasks (default: the one running this).")
 flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
+flags.DEFINE_string("render", None, "Run nothing: write the BENCHMARKS.md section of this bed JSON again.")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
 FLAGS = flags.FLAGS
 MODES = ("sync", "hybrid", "async", "policy")  # policy: sync with --sync_switch_policy=straggler
@@ -166,6 +167,9 @@ def median_or_none(values):
 
 def main(argv):
     del argv
+    if FLAGS.render:
+        render(FLAGS.render)
+        return
     check()
     from tfsync_testbed import netns, ssh
 
@@ -217,6 +221,7 @@ def write(runs: dict, measured: float) -> None:
               "shaped": cal.tc_rate(FLAGS.link), "measured_mbit_s": round(measured / 1e6, 2),
               "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link), 1),
               "emulated_step_ms": cal.EMU_STEP_MS, "hybrid_exchange": "slices", "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
+              "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
               "pareto_alpha": FLAGS.pareto_alpha,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
                                                                       FLAGS.ranks, FLAGS.link)),
@@ -226,13 +231,23 @@ def write(runs: dict, measured: float) -> None:
     os.makedirs(FLAGS.docs_dir, exist_ok=True)
     with open(os.path.join(FLAGS.docs_dir, name + ".json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
-    lines = [f"## Emulated cluster bed: {FLAGS.ranks} ranks, link {FLAGS.link} ({FLAGS.compute} compute)", "",
-             f"`python -m benchmarks.bed --ranks={FLAGS.ranks} --link={FLAGS.link} --straggler={','.join(FLAGS.straggler)} "
-             f"--modes={','.join(FLAGS.modes)} --repeats={FLAGS.repeats} --epochs={FLAGS.epochs} --compute={FLAGS.compute}` — "
+    replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), name, section(result, name))
+
+
+def section(result: dict, name: str) -> str:
+    """BENCHMARKS.md's section `name` of a bed run's `result` (the JSON it wrote)."""
+    rows = result["rows"]
+    stragglers = result.get("stragglers") or list(dict.fromkeys(r["straggler"] for r in rows))
+    modes = result.get("modes") or list(dict.fromkeys(r["mode"] for r in rows))
+    ranks, link, epochs, repeats, compute = (result[k] for k in ("ranks", "link", "epochs", "repeats", "compute"))
+    lines = [f"## Emulated cluster bed: {ranks} ranks, link {link} ({compute} compute)", "",
+             f"`python -m benchmarks.bed --ranks={ranks} --link={link} --straggler={','.join(stragglers)} "
+             f"--modes={','.join(modes)} --repeats={repeats} --epochs={epochs} --compute={compute}` — "
              f"hosts {result['hosts']} (namespaces), link shaped to {result['shaped']} (measured "
              f"{result['measured_mbit_s']} Mbit/s), ResNet-50-on-V100 calibration (benchmarks/bed_calibration.py), "
-             f"{FLAGS.epochs} epochs, median of {FLAGS.repeats} runs; async on loopback through the launcher "
-             "(unshaped). Loss targets: sync's 1/4, 1/2, 3/4 drop from ln 10 to its final loss, at epoch ends.", "",
+             f"{epochs} epochs, median of {repeats} runs (JSON: `docs/{name}.json`); async: "
+             f"{result['async_on']}. Loss targets: sync's 1/4, 1/2, 3/4 drop from ln 10 to its final loss, "
+             "at epoch ends.", "",
              "Ratio to sync: a run's seconds to each target over the same repeat's sync run's, both counted from "
              "the first step's end (tracing and start-up left out; - : not reached). Steady samples/s: after the "
              "first epoch.", "",
@@ -247,7 +262,20 @@ def write(runs: dict, measured: float) -> None:
         lines.append(f"| {r['straggler']} | {r['mode']} | {r['samples_per_s']:.0f} | "
                      f"{r['steady_samples_per_s'] or 0:.0f} ({steady}) | {times} | {ratios} | "
                      f"{r['test_accuracy']:.3f} ({accuracy}) |")
-    replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), name, "\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def render(path: str) -> None:
+    """--render: the section of a bed run's JSON written again (named after the file)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            result = json.load(handle)
+        name = os.path.splitext(os.path.basename(path))[0]
+        text = section(result, name)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        bad("render", f"{path} is not a bed run's JSON ({error.__class__.__name__}: {error})",
+            "name a docs/bed_*.json file the bed wrote")
+    replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), name, text)
 
 
 if __name__ == "__main__":

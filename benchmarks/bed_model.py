@@ -46,6 +46,7 @@ import numpy as np
 from absl import app, flags
 
 from benchmarks import bed_calibration as cal
+from benchmarks.bed_fit import fit
 from benchmarks.benchlib import replace_section
 from tfsyncmodes import costs, knobs
 
@@ -132,11 +133,12 @@ def transient_rate(bed: dict, slow: float, fast: float, settings: Settings = DEF
 
 
 def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
-        settings: Settings = DEFAULT, hybrid_s: float = 0.0) -> costs.Job:
-    """The costs.Job of `mode` under `condition` (transient: its slow phase) as the bed ran it."""
+        settings: Settings = DEFAULT, hybrid_s: float = 0.0, efficiency: float = 1.0) -> costs.Job:
+    """The costs.Job of `mode` under `condition` (transient: its slow phase) as the bed ran it;
+    `efficiency`: the share of the measured link rate a collective gets (fitted, see :func:`fit`)."""
     ranks = bed["ranks"]
     hybrid = knobs.KNOBS_BY_KEY
-    link = settings.loopback_gbit if mode == "async" else bed["measured_mbit_s"] / 1e3
+    link = settings.loopback_gbit if mode == "async" else efficiency * bed["measured_mbit_s"] / 1e3
     return costs.Job(ranks=ranks, ranks_per_host=bed["hosts"][0], step_ms=bed["emulated_step_ms"],
                      overhead_ms=overhead_s * 1e3, grad_mb=cal.emulated_parameters() * 4 / 1e6, link_gbit=link,
                      host_gbit=settings.loopback_gbit, latency_us=alpha_s * 1e6, batch=settings.batch_size // ranks,
@@ -148,12 +150,12 @@ def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
 
 
 def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
-            settings: Settings = DEFAULT, hybrid_s: float = 0.0) -> float:
+            settings: Settings = DEFAULT, hybrid_s: float = 0.0, efficiency: float = 1.0) -> float:
     """Predicted samples/s of one row."""
-    rate = costs.predict(job(bed, mode, condition, alpha_s, overhead_s, settings, hybrid_s))[mode]
+    rate = costs.predict(job(bed, mode, condition, alpha_s, overhead_s, settings, hybrid_s, efficiency))[mode]
     if condition != "transient":
         return rate
-    fast = costs.predict(job(bed, mode, "none", alpha_s, overhead_s, settings, hybrid_s))[mode]
+    fast = costs.predict(job(bed, mode, "none", alpha_s, overhead_s, settings, hybrid_s, efficiency))[mode]
     return transient_rate(bed, rate, fast, settings)
 
 
@@ -174,19 +176,23 @@ def fit_hybrid(beds: List[dict], constants: dict, settings: Settings = DEFAULT) 
             if not hybrid_calibration(bed, row):
                 continue
             low, high = 0.0, 0.1
-            if predict(bed, "hybrid", "none", constants["alpha_s"], constants["overhead_s"], settings) <= measured(row):
+            efficiency = constants.get("efficiency", 1.0)
+            if predict(bed, "hybrid", "none", constants["alpha_s"], constants["overhead_s"], settings, 0.0,
+                       efficiency) <= measured(row):
                 found.append(0.0)
                 continue
             for _ in range(40):
                 middle = (low + high) / 2
-                rate = predict(bed, "hybrid", "none", constants["alpha_s"], constants["overhead_s"], settings, middle)
+                rate = predict(bed, "hybrid", "none", constants["alpha_s"], constants["overhead_s"], settings, middle,
+                               efficiency)
                 low, high = (middle, high) if rate > measured(row) else (low, middle)
             found.append((low + high) / 2)
     return float(np.mean(found)) if found else None
 
 
 def sync_point(bed: dict, row: dict, settings: Settings = DEFAULT) -> Optional[tuple]:
-    """(2 (N-1), measured step - E[max wait] - bytes term) of a sync row; None if it cannot be fitted."""
+    """(2 (N-1), measured step - E[max wait], measured step, bytes term at the measured link rate)
+    of a sync row; None if it cannot be fitted."""
     if row["mode"] != "sync" or not measured(row):
         return None
     if not emulated(bed) and row["straggler"] != "none":
@@ -210,30 +216,7 @@ def sync_point(bed: dict, row: dict, settings: Settings = DEFAULT) -> Optional[t
         waits = share * waits + (1 - share) * wait("none")
     link = min(bed["measured_mbit_s"] / 1e3, settings.loopback_gbit)
     data = costs.allreduce_seconds(ranks, cal.emulated_parameters() * 4, link, 0.0)
-    return 2 * (ranks - 1), step - waits - data
-
-
-def fit(hops, y, fixed_alpha_s: float) -> Dict[str, object]:
-    """α and the overhead (seconds) from y = overhead + hops * α, least squares, both >= 0."""
-    hops, y = np.asarray(hops, float), np.asarray(y, float)
-    if len(y) == 0:
-        return {"alpha_s": fixed_alpha_s, "overhead_s": 0.0, "points": 0, "rms_s": None,
-                "note": "no sync rows: α fixed, overhead fixed at 0"}
-    if len(set(hops.tolist())) >= 2:
-        (overhead, alpha), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(hops), hops]), y, rcond=None)
-        note = f"α and overhead fitted on {len(y)} sync rows at {len(set(hops.tolist()))} ranks counts"
-        if alpha < 0:
-            alpha, overhead, note = 0.0, float(y.mean()), note + "; α < 0 fitted, held at 0"
-        if overhead < 0:
-            alpha, overhead, note = float(hops @ y / (hops @ hops)), 0.0, note + "; overhead < 0 fitted, held at 0"
-    else:
-        alpha = fixed_alpha_s
-        overhead = max(0.0, float((y - hops * alpha).mean()))
-        note = (f"too few points to fit α: the {len(y)} sync rows are all at one N; α fixed at "
-                f"{fixed_alpha_s * 1e6:g} us, overhead fitted")
-    residual = y - overhead - hops * alpha
-    return {"alpha_s": float(alpha), "overhead_s": float(overhead), "points": int(len(y)),
-            "rms_s": float(np.sqrt(np.mean(residual ** 2))), "note": note}
+    return 2 * (ranks - 1), step - waits, step, data
 
 
 def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> List[dict]:
@@ -248,7 +231,8 @@ def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> Li
                    "fitted": sync_point(bed, row, settings) is not None or hybrid_calibration(bed, row)}
             if emulated(bed) and row["mode"] in costs.MODES:  # not the switch policy: no model of it
                 out["predicted"] = predict(bed, row["mode"], row["straggler"], constants["alpha_s"],
-                                           constants["overhead_s"], settings, constants.get("hybrid_s") or 0.0)
+                                           constants["overhead_s"], settings, constants.get("hybrid_s") or 0.0,
+                                           constants.get("efficiency", 1.0))
             if out["predicted"] is not None and out["measured"]:
                 out["error"] = out["predicted"] / out["measured"] - 1
                 out["within"] = bool(abs(out["error"]) <= settings.tolerance)
@@ -258,8 +242,11 @@ def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> Li
 
 def render(rows: List[dict], constants: dict, tolerance: float, paths: List[str]) -> str:
     fitted = (f"α = {constants['alpha_s'] * 1e6:.1f} us per ring hop, per-step overhead = "
-              f"{constants['overhead_s'] * 1e3:.1f} ms ({constants['note']}"
-              + (f"; rms residual {constants['rms_s'] * 1e3:.1f} ms" if constants["rms_s"] is not None else "") + ")")
+              f"{constants['overhead_s'] * 1e3:.1f} ms, a collective gets {constants.get('efficiency', 1.0):.2f} of "
+              f"the measured link rate ({constants['note']}"
+              + (f"; rms residual {constants['rms_s'] * 1e3:.1f} ms" if constants["rms_s"] is not None else "")
+              + (f", {constants['rms_relative']:.1%} of the step" if constants.get("rms_relative") is not None else "")
+              + ")")
     hybrid = constants.get("hybrid_s")
     fitted += ("; hybrid's own per-step cost = " + (f"{hybrid * 1e3:.1f} ms, fitted on its rows of one rank per "
                "host without a straggler" if hybrid is not None else "0 (no hybrid row of one rank per host)"))
@@ -292,7 +279,8 @@ def run(paths: List[str], settings: Settings = DEFAULT) -> str:
         raise BadInput("no bed JSON given; e.g. python -m benchmarks.bed_model docs/bed_4r_1gbit.json")
     beds = [load(p) for p in paths]
     points = [p for bed in beds for p in map(lambda r, b=bed: sync_point(b, r, settings), bed["rows"]) if p is not None]
-    constants = fit([p[0] for p in points], [p[1] for p in points], settings.fixed_alpha_us / 1e6)
+    constants = fit([p[0] for p in points], [p[1] for p in points], settings.fixed_alpha_us / 1e6,
+                    [p[2] for p in points], [p[3] for p in points])
     constants["hybrid_s"] = fit_hybrid(beds, constants, settings)
     rows = table(beds, constants, settings)
     text = render(rows, constants, settings.tolerance, paths)

@@ -2,6 +2,7 @@
 ranks, measures its link near the shaping, is slowed by it as the calibration says, and leaves
 no namespace, bridge or process behind; and its bad flags are one line with status 2."""
 import json
+import os
 import subprocess
 
 import pytest
@@ -54,6 +55,7 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     ("--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
     ("--straggler=slowish", "flag: --straggler: 'slowish' is not a condition"),
     ("--modes=auto", "flag: --modes: 'auto' is not a mode of the bed"),
+    ("--render=nothing.json", "flag: --render: nothing.json is not a bed run's JSON (FileNotFoundError"),
     ("--pareto_alpha=1", "flag: --pareto_alpha: 1.0 is not accepted"),
 ])
 def test_bad_bed_flags_are_one_line_with_status_2(flag, words):
@@ -62,3 +64,17 @@ def test_bad_bed_flags_are_one_line_with_status_2(flag, words):
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and words in lines[0], lines
+
+
+def test_render_writes_a_runs_section_again_from_its_json(tmp_path):
+    source = os.path.join(REPO, "docs", "bed_4r_100mbit_slices.json")
+    data = json.loads(open(source, encoding="utf-8").read())
+    result = localrun.run([PYTHON, "-m", "benchmarks.bed", f"--render={source}", f"--docs_dir={tmp_path}"],
+                          timeout=120, env=clean_env(), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "<!-- bench:bed_4r_100mbit_slices:begin -->" in text and "--link=100mbit" in text
+    for row in data["rows"]:  # every row, its steady runs rounded as the table prints them
+        steady = ", ".join(f"{v:.0f}" for v in row["steady_samples_per_s_runs"])
+        line = next(l for l in text.splitlines() if l.startswith(f"| {row['straggler']} | {row['mode']} |"))
+        assert f"({steady})" in line and f"{row['test_accuracy']:.3f}" in line, line

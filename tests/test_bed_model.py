@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from benchmarks import bed_model
+from benchmarks import bed_fit, bed_model
 from tests.conftest import PYTHON, REPO, clean_env
 from tfsyncmodes import costs
 
@@ -120,11 +120,36 @@ def ring_free(n):  # the α-free ring of 1 MB on 1 Gbit/s
 
 def test_the_fit_recovers_alpha_and_overhead_and_says_when_it_cannot():
     hops = np.array([2, 6, 14, 6, 2])
-    got = bed_model.fit(hops, 0.0123 + hops * 37e-6, fixed_alpha_s=50e-6)
+    got = bed_fit.fit(hops, 0.0123 + hops * 37e-6, fixed_alpha_s=50e-6)
     assert got["alpha_s"] == pytest.approx(37e-6, rel=1e-6) and got["overhead_s"] == pytest.approx(0.0123, rel=1e-6)
-    one = bed_model.fit([6, 6], [0.0123 + 6 * 37e-6] * 2, fixed_alpha_s=50e-6)
+    one = bed_fit.fit([6, 6], [0.0123 + 6 * 37e-6] * 2, fixed_alpha_s=50e-6)
     assert one["alpha_s"] == 50e-6 and one["overhead_s"] == pytest.approx(0.0123 + 6 * 37e-6 - 6 * 50e-6, rel=1e-9)
     assert one["note"].startswith("too few points to fit α")
+
+
+def test_the_fit_recovers_the_links_efficiency_relative_to_each_step_and_holds_a_negative_term_at_0():
+    """Rows at three link rates: y = overhead + hops α + bytes / efficiency, residuals weighed by
+    1 / step. The reference solves the weighted normal equations by hand (Cramer's rule)."""
+    hops = np.array([2.0, 6.0, 6.0, 6.0, 2.0, 14.0])
+    data = np.array([0.004, 0.005, 0.05, 0.5, 0.04, 0.06])  # bytes at the measured rate, 3 links
+    y = 0.0045 + hops * 1.4e-3 + data / 0.93
+    got = bed_fit.fit(hops, y, 50e-6, steps=y + 0.05, data=data)
+    assert got["efficiency"] == pytest.approx(0.93, rel=1e-6) and got["alpha_s"] == pytest.approx(1.4e-3, rel=1e-6)
+    assert got["overhead_s"] == pytest.approx(0.0045, rel=1e-6) and got["rms_relative"] < 1e-9
+    noisy = y * (1 + np.array([0.03, -0.02, 0.05, -0.04, 0.01, 0.02]))
+    w = 1 / (noisy + 0.05)
+    cols = [w, w * hops, w * data]
+    gram = np.array([[a @ b for b in cols] for a in cols])
+    rhs = np.array([a @ (w * noisy) for a in cols])
+    det = np.linalg.det(gram)
+    want = [np.linalg.det(np.column_stack([rhs if j == i else gram[:, j] for j in range(3)])) / det for i in range(3)]
+    got = bed_fit.fit(hops, noisy, 50e-6, steps=noisy + 0.05, data=data)
+    assert [got["overhead_s"], got["alpha_s"], 1 / got["efficiency"]] == pytest.approx(want, rel=1e-6)
+    held = bed_fit.fit(hops, hops * 1.4e-3 + data / 0.93 - 0.002, 50e-6, data=data)  # overhead < 0
+    a = np.column_stack([hops, data])  # the two-term normal equations, unweighted
+    want = np.linalg.solve(a.T @ a, a.T @ (hops * 1.4e-3 + data / 0.93 - 0.002))
+    assert held["overhead_s"] == 0 and [held["alpha_s"], 1 / held["efficiency"]] == pytest.approx(want, rel=1e-9)
+    assert "overhead < 0 fitted, held at 0" in held["note"]
 
 
 @pytest.mark.timeout(200)
@@ -164,15 +189,18 @@ def test_bad_input_is_one_line_with_status_2(tmp_path):
         assert "Traceback" not in result.stderr
 
 
-def test_a_sync_row_is_a_fit_point_of_its_step_less_waits_and_bytes():
-    """y = measured step - the slowest rank's wait - the ring's bytes; a transient row's wait is
-    the slow one for the share of its steps the window can hold (W / slow wait of N / 64)."""
+def test_a_sync_row_is_a_fit_point_of_its_step_less_waits_with_its_bytes_term_apart():
+    """y = measured step - the slowest rank's wait, with the ring's bytes at the measured rate
+    beside it; a transient row's wait is the slow one for the share of its steps the window can
+    hold (W / slow wait of N / 64)."""
     small = dict(bed(rows=()), transient_window_s=[1.1, 2.2])
     data = 2 * 3 / 4 * B * 8 / (MBIT * 1e6)
-    hops, y = bed_model.sync_point(small, {"straggler": "none", "mode": "sync", "samples_per_s": 400.0})
-    assert (hops, y) == (6, pytest.approx(64 / 400.0 - WAIT - data, rel=1e-9))
+    got = bed_model.sync_point(small, {"straggler": "none", "mode": "sync", "samples_per_s": 400.0})
+    assert got == (6, pytest.approx(64 / 400.0 - WAIT, rel=1e-9), pytest.approx(64 / 400.0), pytest.approx(data))
     share = 1.1 / (4 * WAIT) / (2 * 22 * 64 / 64)
-    hops, y = bed_model.sync_point(small, {"straggler": "transient", "mode": "sync", "samples_per_s": 300.0})
-    want = 64 / 300.0 - (share * 4 * WAIT + (1 - share) * WAIT) - data
-    assert (hops, y) == (6, pytest.approx(want, rel=1e-9))
+    hops, y, step, bytes_term = bed_model.sync_point(small, {"straggler": "transient", "mode": "sync",
+                                                             "samples_per_s": 300.0})
+    want = 64 / 300.0 - (share * 4 * WAIT + (1 - share) * WAIT)
+    assert (hops, y, step, bytes_term) == (6, pytest.approx(want, rel=1e-9), pytest.approx(64 / 300.0),
+                                           pytest.approx(data))
     assert bed_model.sync_point(small, {"straggler": "none", "mode": "hybrid", "samples_per_s": 1.0}) is None
