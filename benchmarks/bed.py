@@ -7,9 +7,11 @@ Needs root (network namespaces) and OpenSSH. The ranks are ``scripts/train.py`` 
 (a real MLP, a real optimizer), on hosts that are network namespaces (tfsync_testbed.netns, two
 ranks per host, at least two hosts) joined over a bridge whose every host link is shaped to the
 link class (tc tbf); sync and hybrid run as ``horovodrun -H hostA:2,hostB:2,... --gloo`` over SSH
-(hybrid: one group per host). Async runs on the project's launcher (``python -m
-tfsyncmodes.launch``, one ps), on loopback, NOT across the namespaces (the launcher builds local
-clusters only): the same emulated compute, an unshaped link. Every step waits its emulated
+(hybrid: one group per host). Async runs across the namespaces too: the chief and one ps on a
+host of their own (one more namespace, its link shaped alike), the workers on the ranks' hosts,
+every task ``scripts/train.py`` with its TF_CONFIG; every worker's pulls and pushes cross the
+shaped links (files before this change ran async on loopback, unshaped: their ``async_on``
+says so). Every step waits its emulated
 compute (``--compute_ms``), calibrated to ResNet-50 on V100s as :mod:`benchmarks.bed_calibration`
 works out; ``--compute=real`` drops the wait (the real MLP's CPU time only) as a sanity check.
 
@@ -32,6 +34,7 @@ import tempfile
 from absl import app, flags
 
 from benchmarks import bed_calibration as cal
+from benchmarks.bed_report import section
 from benchmarks.benchlib import DOCS, REPO, TRAIN, replace_section, repo_env
 from tfsync_testbed import localrun
 
@@ -110,11 +113,50 @@ def run_horovod(bed, mesh, env, mode: str, condition: str, work: str) -> subproc
     return bed.hosts[0].run(command, timeout=FLAGS.timeout, env=env, cwd=REPO)
 
 
-def run_async(env, condition: str, work: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(FLAGS.ranks), "--ps", "1",
-               "--timeout", str(int(FLAGS.timeout)), "--", FLAGS.python or sys.executable, TRAIN,
-               *train_flags("async", condition, work)]
-    return localrun.run(command, timeout=FLAGS.timeout + 30, env=env, cwd=REPO)
+def async_cluster(bed) -> dict:
+    """The cluster spec of an async run: the chief and the one ps on a host of their own (the
+    bed's last), the workers over the other hosts round-robin, as parameter servers on hosts of
+    their own run; every worker's pushes and pulls cross the shaped links."""
+    ps_host, hosts = bed.hosts[-1], bed.hosts[:len(hosts_layout(FLAGS.ranks))]
+    return {"chief": [f"{ps_host.address}:2222"], "ps": [f"{ps_host.address}:2223"],
+            "worker": [f"{hosts[i % len(hosts)].address}:{2222 + i // len(hosts)}" for i in range(FLAGS.ranks)]}
+
+
+def run_async(bed, env, condition: str, work: str) -> subprocess.CompletedProcess:
+    """One async run across the namespaces: every task ``scripts/train.py`` with its TF_CONFIG on
+    its host; the chief's status is the run's; every task's process group is killed at the end."""
+    from tfsyncmodes.tf_configs import tf_config
+
+    cluster = async_cluster(bed)
+    by_address = {h.address: h for h in bed.hosts}
+    command = [FLAGS.python or sys.executable, TRAIN, *train_flags("async", condition, work)]
+    tasks = {}
+    try:
+        for role in ("ps", "worker", "chief"):
+            for index, address in enumerate(cluster[role]):
+                log = open(f"{work}/{role}{index}.log", "w", encoding="utf-8")
+                with log:
+                    host = by_address[address.rsplit(":", 1)[0]]
+                    tasks[(role, index)] = host.popen(command, env=dict(env, TF_CONFIG=tf_config(cluster, role, index)),
+                                                      cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            status = tasks[("chief", 0)].wait(timeout=FLAGS.timeout)
+        except subprocess.TimeoutExpired:
+            status = -9
+        for (role, index), process in tasks.items():  # the ps and workers leave once the chief has gone
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for process in tasks.values():
+            localrun.kill_group(process)
+            process.wait()
+    tail = {name: open(f"{work}/{name[0]}{name[1]}.log", encoding="utf-8", errors="replace").read()[-3000:]
+            for name in tasks}
+    return subprocess.CompletedProcess(command, status, stdout=tail.get(("chief", 0), ""),
+                                       stderr="".join(f"--- {r}:{i}\n{t}" for (r, i), t in tail.items()
+                                                      if r != "chief"))
 
 
 def summarise(mode: str, metrics: dict) -> dict:
@@ -178,7 +220,7 @@ def main(argv):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TFSYNC_", "HOROVOD_"))}
     env = repo_env(env, TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2")
     runs = {}
-    with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks))) as bed, \
+    with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks)) + ("async" in FLAGS.modes)) as bed, \
             ssh.SshMesh(bed, tmp) as mesh:
         bed.shape(cal.tc_rate(FLAGS.link), burst=cal.tc_burst(FLAGS.link))
         measured = link_rate(bed) * 8
@@ -187,7 +229,7 @@ def main(argv):
             for condition in FLAGS.straggler:
                 for mode in FLAGS.modes:
                     work = tempfile.mkdtemp(dir=tmp)
-                    result = (run_async(env, condition, work) if mode == "async"
+                    result = (run_async(bed, env, condition, work) if mode == "async"
                               else run_horovod(bed, mesh, mesh.env(env), mode, condition, work))
                     if result.returncode != 0 or not os.path.exists(f"{work}/metrics.json"):
                         sys.stderr.write(result.stdout[-2000:] + result.stderr[-4000:])
@@ -225,44 +267,13 @@ def write(runs: dict, measured: float) -> None:
               "pareto_alpha": FLAGS.pareto_alpha,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
                                                                       FLAGS.ranks, FLAGS.link)),
-              "async_on": "loopback (launcher), unshaped", "rows": rows,
+              "async_on": "namespaces: the chief and the ps on a host of their own, shaped alike", "rows": rows,
               "runs": [{"straggler": c, "mode": m, **run} for (c, m), done in runs.items() for run in done]}
     name = f"bed_{FLAGS.ranks}r_{FLAGS.link}{'' if FLAGS.compute == 'emulated' else '_real'}"
     os.makedirs(FLAGS.docs_dir, exist_ok=True)
     with open(os.path.join(FLAGS.docs_dir, name + ".json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
     replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), name, section(result, name))
-
-
-def section(result: dict, name: str) -> str:
-    """BENCHMARKS.md's section `name` of a bed run's `result` (the JSON it wrote)."""
-    rows = result["rows"]
-    stragglers = result.get("stragglers") or list(dict.fromkeys(r["straggler"] for r in rows))
-    modes = result.get("modes") or list(dict.fromkeys(r["mode"] for r in rows))
-    ranks, link, epochs, repeats, compute = (result[k] for k in ("ranks", "link", "epochs", "repeats", "compute"))
-    lines = [f"## Emulated cluster bed: {ranks} ranks, link {link} ({compute} compute)", "",
-             f"`python -m benchmarks.bed --ranks={ranks} --link={link} --straggler={','.join(stragglers)} "
-             f"--modes={','.join(modes)} --repeats={repeats} --epochs={epochs} --compute={compute}` — "
-             f"hosts {result['hosts']} (namespaces), link shaped to {result['shaped']} (measured "
-             f"{result['measured_mbit_s']} Mbit/s), ResNet-50-on-V100 calibration (benchmarks/bed_calibration.py), "
-             f"{epochs} epochs, median of {repeats} runs (JSON: `docs/{name}.json`); async: "
-             f"{result['async_on']}. Loss targets: sync's 1/4, 1/2, 3/4 drop from ln 10 to its final loss, "
-             "at epoch ends.", "",
-             "Ratio to sync: a run's seconds to each target over the same repeat's sync run's, both counted from "
-             "the first step's end (tracing and start-up left out; - : not reached). Steady samples/s: after the "
-             "first epoch.", "",
-             "| straggler | mode | samples/s | steady samples/s (runs) | s to 1/4, 1/2, 3/4 | ratio to sync per run (1/4; 1/2; 3/4) | test accuracy (runs) |",
-             "|---|---|---:|---|---|---|---|"]
-    for r in rows:
-        times = ", ".join("-" if v is None else f"{v:.1f}" for v in r["seconds_to_sync_loss_drop"].values())
-        ratios = "; ".join(", ".join("-" if v is None else f"{v:.2f}" for v in runs)
-                           for runs in r["ratio_to_sync_runs"].values()) if r["mode"] != "sync" else ""
-        accuracy = ", ".join(f"{v:.3f}" for v in r["test_accuracy_runs"])
-        steady = ", ".join("-" if v is None else f"{v:.0f}" for v in r["steady_samples_per_s_runs"])
-        lines.append(f"| {r['straggler']} | {r['mode']} | {r['samples_per_s']:.0f} | "
-                     f"{r['steady_samples_per_s'] or 0:.0f} ({steady}) | {times} | {ratios} | "
-                     f"{r['test_accuracy']:.3f} ({accuracy}) |")
-    return "\n".join(lines) + "\n"
 
 
 def render(path: str) -> None:

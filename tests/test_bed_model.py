@@ -57,7 +57,7 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
     assert (heavy.pareto_alpha, heavy.straggler, heavy.tail_sigma) == (2.0, 1.0, 0.0)
     # async: on loopback, each worker its own pace, one ps
     per_update = 2 * B * 8 / LOOP + 2 * ALPHA
-    want = min(4 / (WAIT + OVERHEAD + per_update), LOOP / (2 * B * 8)) * BATCH
+    want = min(4 / (WAIT + OVERHEAD + per_update), LOOP / (B * 8)) * BATCH
     assert bed_model.predict(small, "async", "none", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
 
 

@@ -34,11 +34,21 @@ def job(**kw):
     return costs.Job(**dict(base, **kw))
 
 
+def test_async_is_bound_by_what_the_servers_links_carry_each_way():
+    """At 1 Gbit/s the 8 workers would run 8 / (T + 2B/β) updates a second; the servers' links
+    carry B out and B in an update, one direction each: ps β / B updates a second at most."""
+    for ps in (1, 2):
+        got = costs.predict(job(link_gbit=1.0, ps=ps))["async"]
+        own = 8 / (T + 2 * B * 8 / (1e9 * ps) + 2 * ALPHA)
+        assert ps * 1e9 / (B * 8) < own  # the links bind
+        assert got == pytest.approx(ps * 1e9 / (B * 8) * BATCH, rel=1e-12)
+
+
 def test_without_tails_or_stragglers_each_mode_is_its_closed_form():
     got = costs.predict(job(local_steps="fixed"))
     assert got["sync"] == pytest.approx(8 * BATCH / (T + ring(8, GBIT)), rel=1e-12)
     per_update = 2 * B * 8 / (GBIT * 1e9) + 2 * ALPHA
-    assert got["async"] == pytest.approx(min(8 / (T + per_update), GBIT * 1e9 / (2 * B * 8)) * BATCH, rel=1e-12)
+    assert got["async"] == pytest.approx(min(8 / (T + per_update), GBIT * 1e9 / (B * 8)) * BATCH, rel=1e-12)
     round_time = 8 * (T + ring(2, 100.0)) + CROSS
     assert got["hybrid"] == pytest.approx(8 * BATCH * 8 / round_time, rel=1e-12)
     # Each column with the whole model (as before 0.2.0): 2 models on a host's link.

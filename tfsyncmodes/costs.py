@@ -15,8 +15,12 @@ What a step costs, for ``ranks`` ranks of which ``ranks_per_host`` share a host:
   that crosses hosts runs at the slower of the two links.
 - **sync**: every step waits for the slowest rank, then allreduces the gradient over all ranks.
 - **async**: each worker computes, then pushes its gradient to and pulls the variables from the
-  parameter servers, each at its own pace; the servers' links carry ``2 B`` per update in all,
-  so the job's rate is the lesser of the workers' own rates and what ``ps`` links can carry.
+  parameter servers (``2 B`` through its own link in turn), each at its own pace; the servers'
+  links carry ``B`` out (the pulls) and ``B`` in (the pushes) per update, each direction at the
+  link's rate (full duplex, as the ring assumes), so the job's rate is the lesser of the
+  workers' own rates and the ``ps`` links' ``ps * rate / B`` updates a second. (Before 0.2.0
+  the servers' links carried ``2 B`` an update in one direction; the emulated cluster bed, with
+  the ps on a host of its own, measured 83 % of the full-duplex figure and above the other.)
 - **hybrid** (one group per host): inside a group a step waits for the group's slowest rank and
   allreduces on the host's link, plus ``hybrid_overhead_ms`` (the step's own bookkeeping of
   rounds); every ``period`` steps the groups average the model across hosts. The average runs
@@ -140,10 +144,11 @@ def predict(job: Job) -> Dict[str, float]:
     sync_step = times.max(axis=1).mean() + allreduce_seconds(job.ranks, size, _cross_host_gbit(job), latency)
     sync = job.ranks * job.batch / sync_step
 
-    # async: one ps link carries 2B per update (push, pull) split over the servers.
+    # async: a worker pushes and pulls B (split over the servers) in turn; the servers' links
+    # carry B out and B in per update, one direction each.
     per_update = 2 * size * 8 / (job.link_gbit * 1e9 * job.ps) + 2 * latency
     worker_rates = 1.0 / (times.mean(axis=0) + per_update)
-    capacity = job.ps * job.link_gbit * 1e9 / (2 * size * 8)
+    capacity = job.ps * job.link_gbit * 1e9 / (size * 8)
     async_rate = min(worker_rates.sum(), capacity) * job.batch
 
     hybrid = hybrid_rate(job, times, latency)
