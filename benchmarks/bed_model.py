@@ -4,35 +4,28 @@ JSON files, the relative error, and whether it is within the tolerance (15 %). M
 
     python -m benchmarks.bed_model docs/bed_*.json [--tolerance=0.15] [--fixed_alpha_us=50]
 
-The job of a row is the bed as it ran (``costs.Job``): its ranks, ranks per host = the bed's
-hosts layout (hybrid's groups), one rank's compute = the emulated wait (``emulated_step_ms``,
-which the trainer scales by the straggler's factor and the Pareto tail) plus a fitted per-step
-overhead (which neither scales), gradients of ``emulated_parameters() * 4`` bytes, the link at
-its measured rate (async: loopback, ``--loopback_gbit``, as the bed runs it), hybrid's period and
-local steps at the trainer's defaults (the bed passes neither), hybrid's average in slices
-where the file says ``"hybrid_exchange": "slices"`` (files from before 0.2.0 ran whole models
-in every column), one ps. Conditions: persistent =
-rank 1 four times slower; heavy = Pareto(``pareto_alpha``) per-step factors of mean 1;
-transient = four times slower for a window of W seconds (``transient_window_s``): the run's
-N samples take W + (N - r_slow W) / r_fast seconds, with r_slow the persistent job's rate and
-r_fast the undisturbed one's (files from before the window was in seconds: slow in the middle
-third of its steps, the time-weighted mix of the two rates; exact for sync, whose ranks step
-together, an approximation for hybrid and async). ``--compute=real`` files (no wait) enter the
-fit only; rows of modes the model does not price (the switch policy) are listed without a
-prediction. Measured is the steady rate (after the first epoch) where the bed recorded it, else
-the whole run's.
+A row's job (``costs.Job``) is the bed as it ran: its ranks and hosts layout (hybrid's groups),
+one rank's compute = the emulated wait (scaled by the straggler's factor or the Pareto tail) plus
+a fitted per-step overhead, gradients of ``emulated_parameters() * 4`` bytes, the measured link
+(async: the same where the file says it ran across the namespaces, else loopback,
+``--loopback_gbit``), hybrid's period and local steps at the trainer's defaults, hybrid's average
+in slices where the file says so, one ps. persistent = rank 1 four times slower; heavy =
+Pareto(``pareto_alpha``) factors of mean 1; transient = four times slower for W seconds
+(``transient_window_s``): N samples take W + (N - r_slow W) / r_fast seconds (older files: slow
+in the middle third of the steps, the time-weighted mix; exact for sync, an approximation for
+hybrid and async). ``--compute=real`` files enter the fit only; the switch policy has no price.
+Measured: the steady rate (after the first epoch) where the bed recorded it, else the run's.
 
-The fit: α (the latency of one ring hop) and the per-step overhead come from the **sync rows
-only**, by least squares (NumPy) on
+The fit (:mod:`benchmarks.bed_fit`, the **sync rows only**, least squares relative to each
+row's step, every term >= 0):
 
-    measured step - E[max over ranks of the wait] - 2 (N-1)/N * B / β = overhead + 2 (N-1) * α
+    measured step - E[max over ranks of the wait] = overhead + 2 (N-1) α + 2 (N-1)/N B / (η β)
 
-with β the measured link rate; async and hybrid rows are validation only. α and the overhead
-separate only with sync rows at two or more N: with fewer the fit says so and fixes α at
-``--fixed_alpha_us``, fitting the overhead alone. Both are kept at or above 0.
-
-Writes ``bed_model.json`` next to the first input and the ``bed_model`` section of
-BENCHMARKS.md there.
+with β the measured link rate and η the share of it a collective gets (fitted when the rows
+span more than one link class, else 1). With sync rows at one N only, α is fixed at
+``--fixed_alpha_us``. Hybrid's own per-step cost is fitted on its rows of one rank a host
+without a straggler. Writes ``bed_model.json`` next to the first input and the ``bed_model``
+section of BENCHMARKS.md there.
 """
 from __future__ import annotations
 
@@ -132,13 +125,19 @@ def transient_rate(bed: dict, slow: float, fast: float, settings: Settings = DEF
     return samples / (in_window / slow + (samples - in_window) / fast)
 
 
+def async_across(bed: dict) -> bool:
+    """Whether the file's async runs crossed the namespaces' shaped links (else loopback)."""
+    return str(bed.get("async_on", "")).startswith("namespaces")
+
+
 def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
         settings: Settings = DEFAULT, hybrid_s: float = 0.0, efficiency: float = 1.0) -> costs.Job:
     """The costs.Job of `mode` under `condition` (transient: its slow phase) as the bed ran it;
     `efficiency`: the share of the measured link rate a collective gets (fitted, see :func:`fit`)."""
     ranks = bed["ranks"]
     hybrid = knobs.KNOBS_BY_KEY
-    link = settings.loopback_gbit if mode == "async" else efficiency * bed["measured_mbit_s"] / 1e3
+    on_loopback = mode == "async" and not async_across(bed)
+    link = settings.loopback_gbit if on_loopback else efficiency * bed["measured_mbit_s"] / 1e3
     return costs.Job(ranks=ranks, ranks_per_host=bed["hosts"][0], step_ms=bed["emulated_step_ms"],
                      overhead_ms=overhead_s * 1e3, grad_mb=cal.emulated_parameters() * 4 / 1e6, link_gbit=link,
                      host_gbit=settings.loopback_gbit, latency_us=alpha_s * 1e6, batch=settings.batch_size // ranks,
@@ -257,7 +256,8 @@ def render(rows: List[dict], constants: dict, tolerance: float, paths: List[str]
     lines = ["## The cost model against the bed", "",
              f"`python -m benchmarks.bed_model {' '.join(os.path.basename(p) for p in paths)}` — "
              f"costs.Job of each row as the bed ran it (benchmarks/bed_model.py); {fitted}. Rows marked fit "
-             "gave the constants; the others are validation. Async ran on loopback, unshaped. Measured: "
+             "gave the constants; the others are validation. Async ran across the namespaces in files that say "
+             "so, else on loopback, unshaped. Measured: "
              "the steady rate (after the first epoch) where the bed recorded it, else the whole run's (*).", "",
              f"Within {tolerance:.0%}: {sum(r['within'] for r in checked)} of the {len(checked)} validation rows "
              f"({per_mode}).", "",

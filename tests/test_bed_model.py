@@ -59,6 +59,13 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
     per_update = 2 * B * 8 / LOOP + 2 * ALPHA
     want = min(4 / (WAIT + OVERHEAD + per_update), LOOP / (B * 8)) * BATCH
     assert bed_model.predict(small, "async", "none", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
+    # async across the namespaces: the shaped link at the fitted efficiency; the ps's link binds
+    across = dict(small, async_on="namespaces: the chief and the ps on a host of their own, shaped alike")
+    link = 0.9 * MBIT * 1e6
+    own = 4 / (WAIT + OVERHEAD + 2 * B * 8 / link + 2 * ALPHA)
+    assert link / (B * 8) < own
+    got = bed_model.predict(across, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
+    assert got == pytest.approx(link / (B * 8) * BATCH, rel=1e-12)
 
 
 HYBRID = 0.004  # hybrid's own per-step cost in these tests
