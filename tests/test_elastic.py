@@ -131,6 +131,20 @@ def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path, legacy)
     assert history["world_size"] == [2.0, 2.0, 3.0, 3.0]
 
 
+def test_a_rank_lost_after_a_join_and_before_the_next_commit_is_a_line_of_the_world_it_left(tmp_path):
+    """The added rank joins at epoch 2's start, then (as the last rank of a world of 3) exits
+    before step 2, before the next commit: the world goes back to 2 and the line says so, from
+    the world of 3 the job was in (the last commit, at epoch 1's end, was in a world of 2)."""
+    script, hosts = discovery(tmp_path, NAMES[:2])
+    ranks, output, _ = elastic_job(tmp_path, script, 2, ELASTIC_ADD=f"1:9:{hosts}:{NAMES[2]}:1",
+                                   ELASTIC_KILL="3:2:2")
+    assert "tfsyncmodes: world 2 -> 3 at epoch 2 step 0" in output, output[-4000:]
+    assert "exits at epoch 2 step 2" in output
+    assert "tfsyncmodes: world 3 -> 2 at epoch 2 step 0" in output, output[-4000:]
+    history = check_one_model_all_steps(ranks, 2)
+    assert history["world_size"] == [2.0, 2.0, 2.0, 2.0]
+
+
 @pytest.mark.timeout(400)
 def test_a_rank_the_discovery_script_adds_joins_a_hybrid_job_as_its_own_group(tmp_path):
     """Hybrid, one group per host: the rank on the added host name becomes a third group at the

@@ -133,6 +133,10 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
                       f"step {state.batch}{last['groups']}", file=sys.stderr, flush=True)
             state.world = size
             strategy.elastic_resized(model)
+            # Kept as the state to roll back to (it is the last commit's, in the new world): a
+            # rank lost before the next commit then reads "world <this> -> ...", not the
+            # committed world's size.
+            state.save()
         if config.elastic_lr == "scale":
             model.optimizer.learning_rate.assign(state.base_lr * size / state.start_size)
         while state.epoch < epochs:
