@@ -33,20 +33,26 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
         pytest.skip(reason)
     before = bed_leftovers()
     result = localrun.run([PYTHON, "-m", "benchmarks.bed", "--ranks=2", "--link=1gbit", "--straggler=none",
-                           "--modes=sync", "--repeats=1", "--epochs=1", f"--docs_dir={tmp_path}",
+                           "--modes=sync,async", "--repeats=1", "--epochs=1", f"--docs_dir={tmp_path}",
                            f"--python={PYTHON}"],  # the ranks on the warm interpreter
                           timeout=800, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     data = json.loads((tmp_path / "bed_2r_1gbit.json").read_text())
     shaped = cal.link_bits_per_second("1gbit") / 1e6  # 13.4 Mbit/s
     assert 0.8 * shaped < data["measured_mbit_s"] < 1.1 * shaped, data
-    (row,) = data["rows"]
+    row, across = data["rows"]
+    assert (row["mode"], across["mode"]) == ("sync", "async") and data["async_on"].startswith("namespaces")
     # Every step waits 50 ms and allreduces 340 KB over the shaped link (1 * 340,008 B at
     # 13.4 Mbit/s = 203 ms for 2 ranks): the run cannot beat that, whatever the cores do.
     comm = cal.ring_comm_seconds(2, "1gbit")
     assert 0.2 < comm < 0.21
     assert 0 < row["samples_per_s"] < 64 / (cal.EMU_STEP_MS / 1000 + 0.8 * comm), row
     assert row["test_accuracy"] > 0.5, row  # a real model trained on the digits
+    # Async across the namespaces: every update pulls the model out of the ps's host, so the ps's
+    # shaped link carries at most measured / (B * 8) updates a second of 32 samples (64 / 2).
+    model_bits = cal.emulated_parameters() * 4 * 8
+    assert 0 < across["samples_per_s"] < 1.1 * 32 * data["measured_mbit_s"] * 1e6 / model_bits, across
+    assert across["test_accuracy"] > 0.3, across
     assert "Emulated cluster bed: 2 ranks, link 1gbit" in (tmp_path / "BENCHMARKS.md").read_text()
     assert bed_leftovers() <= before
 
