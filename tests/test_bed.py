@@ -84,3 +84,19 @@ def test_render_writes_a_runs_section_again_from_its_json(tmp_path):
         steady = ", ".join(f"{v:.0f}" for v in row["steady_samples_per_s_runs"])
         line = next(l for l in text.splitlines() if l.startswith(f"| {row['straggler']} | {row['mode']} |"))
         assert f"({steady})" in line and f"{row['test_accuracy']:.3f}" in line, line
+
+
+def test_async_puts_the_chief_and_the_ps_on_a_host_of_their_own_and_the_workers_over_the_others():
+    """The placement, in a process of its own (it parses the bed's flags): 2 rank hosts and the
+    ps's host, as a bed of 4 ranks makes them."""
+    code = ("import json, sys; from types import SimpleNamespace; from absl import flags; "
+            "from benchmarks import bed; flags.FLAGS(['bed', '--ranks=4']); "
+            "hosts = [SimpleNamespace(address=f'10.9.0.{i + 1}') for i in range(3)]; "
+            "print(json.dumps(bed.async_cluster(SimpleNamespace(hosts=hosts))))")
+    result = localrun.run([PYTHON, "-c", code], timeout=120, env=clean_env(), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    cluster = json.loads(result.stdout.strip().splitlines()[-1])
+    assert cluster["chief"] == ["10.9.0.3:2222"] and cluster["ps"] == ["10.9.0.3:2223"]
+    assert cluster["worker"] == ["10.9.0.1:2222", "10.9.0.2:2222", "10.9.0.1:2223", "10.9.0.2:2223"]
+    every = cluster["chief"] + cluster["ps"] + cluster["worker"]
+    assert len(set(every)) == len(every)
