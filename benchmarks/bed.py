@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from absl import app, flags
 
@@ -134,18 +135,18 @@ def run_async(bed, env, condition: str, work: str) -> subprocess.CompletedProces
     try:
         for role in ("ps", "worker", "chief"):
             for index, address in enumerate(cluster[role]):
-                log = open(f"{work}/{role}{index}.log", "w", encoding="utf-8")
-                with log:
-                    host = by_address[address.rsplit(":", 1)[0]]
+                host = by_address[address.rsplit(":", 1)[0]]
+                with open(f"{work}/{role}{index}.log", "w", encoding="utf-8") as log:  # the task keeps its copy
                     tasks[(role, index)] = host.popen(command, env=dict(env, TF_CONFIG=tf_config(cluster, role, index)),
                                                       cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         try:
             status = tasks[("chief", 0)].wait(timeout=FLAGS.timeout)
         except subprocess.TimeoutExpired:
             status = -9
-        for (role, index), process in tasks.items():  # the ps and workers leave once the chief has gone
+        deadline = time.monotonic() + 30  # the ps and workers leave once the chief has gone
+        for process in tasks.values():
             try:
-                process.wait(timeout=30)
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
     finally:
