@@ -100,3 +100,17 @@ def test_async_puts_the_chief_and_the_ps_on_a_host_of_their_own_and_the_workers_
     assert cluster["worker"] == ["10.9.0.1:2222", "10.9.0.2:2222", "10.9.0.1:2223", "10.9.0.2:2223"]
     every = cluster["chief"] + cluster["ps"] + cluster["worker"]
     assert len(set(every)) == len(every)
+
+
+@pytest.mark.parametrize("flag, words", [
+    ("--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
+    ("--ratios=0.5,2", "flag: --ratios: '2' is not a ratio"),
+    ("--ratios=half", "flag: --ratios: 'half' is not a ratio"),
+    ("--repeats=0", "flag: --repeats: 0 is too small"),
+])
+def test_bad_breakeven_flags_are_one_line_with_status_2(flag, words):
+    result = localrun.run([PYTHON, "-m", "benchmarks.breakeven", flag], timeout=120, env=clean_env(), cwd=REPO)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("benchmarks.breakeven: error: ") and words in lines[0], lines
