@@ -36,7 +36,7 @@ from absl import app, flags
 
 from benchmarks import bed_calibration as cal
 from benchmarks.bed_report import section
-from benchmarks.benchlib import DOCS, REPO, TRAIN, replace_section, repo_env
+from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, replace_section, repo_env
 from tfsync_testbed import localrun
 
 flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8.")
@@ -59,13 +59,11 @@ TRAIN_SAMPLES = cal.TRAIN_SAMPLES
 
 
 def bad(field: str, problem: str, fix: str) -> None:
-    sys.stderr.write(f"benchmarks.bed: error: flag: --{field}: {problem}; {fix}\n")
-    sys.exit(2)
+    bad_flag("benchmarks.bed", field, problem, fix)
 
 
 def check() -> None:
-    if FLAGS.ranks not in (2, 4, 8):
-        bad("ranks", f"{FLAGS.ranks} is not accepted", "use 2, 4 or 8")
+    check_bed_counts("benchmarks.bed", FLAGS)
     for name in FLAGS.straggler:
         if name not in cal.STRAGGLERS:
             bad("straggler", f"{name!r} is not a condition", "use " + ", ".join(cal.STRAGGLERS))
@@ -76,9 +74,6 @@ def check() -> None:
         bad("batch_size", f"{FLAGS.batch_size} does not split over {FLAGS.ranks} ranks", f"use a multiple of {FLAGS.ranks}")
     if not (math.isfinite(FLAGS.pareto_alpha) and FLAGS.pareto_alpha > 1):
         bad("pareto_alpha", f"{FLAGS.pareto_alpha} is not accepted", "use a number > 1, e.g. 2")
-    for name in ("repeats", "epochs"):
-        if FLAGS[name].value < 1:
-            bad(name, f"{FLAGS[name].value} is too small", "use 1 or more")
 
 
 def hosts_layout(ranks: int) -> list:

@@ -27,6 +27,21 @@ def module_command(module: str, *args: str) -> list:
     return [sys.executable, "-m", module, *args]
 
 
+def bad_flag(program: str, field: str, problem: str, fix: str) -> None:
+    """One line naming the flag, what is wrong and the fix, and exit status 2."""
+    sys.stderr.write(f"{program}: error: flag: --{field}: {problem}; {fix}\n")
+    sys.exit(2)
+
+
+def check_bed_counts(program: str, values) -> None:
+    """The bed's ranks (2, 4 or 8), repeats and epochs (1 or more) from absl `values`."""
+    if values.ranks not in (2, 4, 8):
+        bad_flag(program, "ranks", f"{values.ranks} is not accepted", "use 2, 4 or 8")
+    for name in ("repeats", "epochs"):
+        if values[name].value < 1:
+            bad_flag(program, name, f"{values[name].value} is too small", "use 1 or more")
+
+
 def replace_section(path: str, name: str, text: str) -> None:
     """Writes `text` between benchmark `name`'s markers in `path`, leaving other sections alone."""
     begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"

@@ -21,7 +21,7 @@ import tempfile
 
 from absl import app, flags
 
-from benchmarks.benchlib import DOCS, REPO, module_command, replace_section, repo_env
+from benchmarks.benchlib import DOCS, REPO, bad_flag, check_bed_counts, module_command, replace_section, repo_env
 
 flags.DEFINE_integer("ranks", 4, "Horovod ranks: 2, 4 or 8.")
 flags.DEFINE_string("link", "1gbit", "The bed's link class.")
@@ -32,24 +32,16 @@ flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 FLAGS = flags.FLAGS
 
 
-def bad(field: str, problem: str, fix: str) -> None:
-    sys.stderr.write(f"benchmarks.breakeven: error: flag: --{field}: {problem}; {fix}\n")
-    sys.exit(2)
-
-
 def check() -> None:
-    if FLAGS.ranks not in (2, 4, 8):
-        bad("ranks", f"{FLAGS.ranks} is not accepted", "use 2, 4 or 8")
+    check_bed_counts("benchmarks.breakeven", FLAGS)
     for ratio in FLAGS.ratios:
         try:
             value = float(ratio)
         except ValueError:
             value = -1.0
         if not 0 < value <= 1:
-            bad("ratios", f"{ratio!r} is not a ratio", "use numbers in (0, 1], e.g. 0.5,0.1,0.01")
-    for name in ("repeats", "epochs"):
-        if FLAGS[name].value < 1:
-            bad(name, f"{FLAGS[name].value} is too small", "use 1 or more")
+            bad_flag("benchmarks.breakeven", "ratios", f"{ratio!r} is not a ratio",
+                     "use numbers in (0, 1], e.g. 0.5,0.1,0.01")
 
 
 def configurations() -> list:

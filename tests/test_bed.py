@@ -57,19 +57,23 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     assert bed_leftovers() <= before
 
 
-@pytest.mark.parametrize("flag, words", [
-    ("--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
-    ("--straggler=slowish", "flag: --straggler: 'slowish' is not a condition"),
-    ("--modes=auto", "flag: --modes: 'auto' is not a mode of the bed"),
-    ("--render=nothing.json", "flag: --render: nothing.json is not a bed run's JSON (FileNotFoundError"),
-    ("--pareto_alpha=1", "flag: --pareto_alpha: 1.0 is not accepted"),
+@pytest.mark.parametrize("module, flag, words", [
+    ("bed", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
+    ("bed", "--straggler=slowish", "flag: --straggler: 'slowish' is not a condition"),
+    ("bed", "--modes=auto", "flag: --modes: 'auto' is not a mode of the bed"),
+    ("bed", "--render=nothing.json", "flag: --render: nothing.json is not a bed run's JSON (FileNotFoundError"),
+    ("bed", "--pareto_alpha=1", "flag: --pareto_alpha: 1.0 is not accepted"),
+    ("breakeven", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
+    ("breakeven", "--ratios=0.5,2", "flag: --ratios: '2' is not a ratio"),
+    ("breakeven", "--ratios=half", "flag: --ratios: 'half' is not a ratio"),
+    ("breakeven", "--repeats=0", "flag: --repeats: 0 is too small"),
 ])
-def test_bad_bed_flags_are_one_line_with_status_2(flag, words):
-    result = localrun.run([PYTHON, "-m", "benchmarks.bed", flag], timeout=120, env=clean_env(), cwd=REPO)
+def test_bad_bed_and_breakeven_flags_are_one_line_with_status_2(module, flag, words):
+    result = localrun.run([PYTHON, "-m", f"benchmarks.{module}", flag], timeout=120, env=clean_env(), cwd=REPO)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and words in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith(f"benchmarks.{module}: error: ") and words in lines[0], lines
 
 
 def test_render_writes_a_runs_section_again_from_its_json(tmp_path):
@@ -101,16 +105,3 @@ def test_async_puts_the_chief_and_the_ps_on_a_host_of_their_own_and_the_workers_
     every = cluster["chief"] + cluster["ps"] + cluster["worker"]
     assert len(set(every)) == len(every)
 
-
-@pytest.mark.parametrize("flag, words", [
-    ("--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
-    ("--ratios=0.5,2", "flag: --ratios: '2' is not a ratio"),
-    ("--ratios=half", "flag: --ratios: 'half' is not a ratio"),
-    ("--repeats=0", "flag: --repeats: 0 is too small"),
-])
-def test_bad_breakeven_flags_are_one_line_with_status_2(flag, words):
-    result = localrun.run([PYTHON, "-m", "benchmarks.breakeven", flag], timeout=120, env=clean_env(), cwd=REPO)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("benchmarks.breakeven: error: ") and words in lines[0], lines
