@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -42,7 +43,8 @@ from tfsync_testbed import localrun
 flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8.")
 flags.DEFINE_enum("link", "1gbit", list(cal.LINK_CLASSES), "Link class between the hosts (scaled, see bed_calibration).")
 flags.DEFINE_list("straggler", ["none", "persistent"], "Conditions: " + ", ".join(cal.STRAGGLERS) + ".")
-flags.DEFINE_list("modes", ["sync", "hybrid", "async"], "Modes: sync, hybrid, async, policy (sync with the straggler policy).")
+flags.DEFINE_list("modes", ["sync", "hybrid", "async"], "Modes: sync, hybrid, async, policy (sync with the "
+                  "straggler policy), auto (--sync_mode=auto: its pick is recorded).")
 flags.DEFINE_integer("repeats", 3, "Runs of every mode and condition.")
 flags.DEFINE_integer("epochs", 3, "Epochs of every run.")
 flags.DEFINE_integer("batch_size", 64, "Global batch of a sync/hybrid step (an async worker's: this / --ranks).")
@@ -54,7 +56,7 @@ flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 flags.DEFINE_string("render", None, "Run nothing: write the BENCHMARKS.md section of this bed JSON again.")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
 FLAGS = flags.FLAGS
-MODES = ("sync", "hybrid", "async", "policy")  # policy: sync with --sync_switch_policy=straggler
+MODES = ("sync", "hybrid", "async", "policy", "auto")  # policy: sync with --sync_switch_policy=straggler
 TRAIN_SAMPLES = cal.TRAIN_SAMPLES
 
 
@@ -172,6 +174,14 @@ def summarise(mode: str, metrics: dict) -> dict:
             "first_step_seconds": metrics.get("first_step_seconds")}
 
 
+def auto_pick(log: str) -> dict:
+    """The mode ``--sync_mode=auto`` picked after its profile, and the hybrid/sync rate it predicted."""
+    pick = re.search(r"\] auto: (hybrid|sync)\b.*hybrid/sync predicted ([0-9.]+)", log)
+    if pick is None:
+        sys.exit("benchmarks.bed: an auto run logged no pick (its log's tail: " + log[-500:].replace("\n", " | ") + ")")
+    return {"auto_pick": pick.group(1), "auto_predicted_gain": float(pick.group(2))}
+
+
 def seconds_to(run: dict, target: float, after_first_step: bool = False):
     """Seconds from the start (or from the first step's end: tracing and start-up, a fixed cost
     that a long job amortises, left out) to the first epoch end whose loss is `target` or less."""
@@ -233,6 +243,8 @@ def main(argv):
                     with open(f"{work}/metrics.json", encoding="utf-8") as handle:
                         run = summarise(mode, json.load(handle))
                     run["repeat"] = repeat
+                    if mode == "auto":
+                        run.update(auto_pick(result.stdout + result.stderr))
                     runs.setdefault((condition, mode), []).append(run)
                     print(f"[bed] {repeat + 1}/{FLAGS.repeats} {condition} {mode}: {run['samples_per_s']:.0f} "
                           f"samples/s, accuracy {run['test_accuracy']:.3f}", flush=True)
@@ -254,7 +266,9 @@ def write(runs: dict, measured: float) -> None:
                      "seconds_to_sync_loss_drop": {str(f): median_or_none([seconds_to(r, t) for r in done]) for f, t in targets.items()},
                      "ratio_to_sync_runs": ratios_to_sync(done, sync or [], targets),
                      "test_accuracy_runs": [round(r["test_accuracy"], 4) for r in done],
-                     "test_accuracy": median_or_none([r["test_accuracy"] for r in done])})
+                     "test_accuracy": median_or_none([r["test_accuracy"] for r in done]),
+                     **({"auto_picks": [r["auto_pick"] for r in done],
+                         "auto_predicted_gains": [r["auto_predicted_gain"] for r in done]} if mode == "auto" else {})})
     result = {"ranks": FLAGS.ranks, "hosts": hosts_layout(FLAGS.ranks), "link": FLAGS.link, "compute": FLAGS.compute,
               "shaped": cal.tc_rate(FLAGS.link), "measured_mbit_s": round(measured / 1e6, 2),
               "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link), 1),

@@ -31,4 +31,31 @@ def section(result: dict, name: str) -> str:
         lines.append(f"| {r['straggler']} | {r['mode']} | {r['samples_per_s']:.0f} | "
                      f"{r['steady_samples_per_s'] or 0:.0f} ({steady}) | {times} | {ratios} | "
                      f"{r['test_accuracy']:.3f} ({accuracy}) |")
+    lines += auto_lines(rows, stragglers)
     return "\n".join(lines) + "\n"
+
+
+def best_under_horovodrun(rows: list, condition: str):
+    """Of sync and hybrid (auto's candidates), the mode of the lower median time to sync's 3/4
+    loss target in `condition`, counted from the first step's end (sync's own ratio is 1;
+    None: hybrid was not run there, or never reached it)."""
+    hybrid = next((r for r in rows if r["straggler"] == condition and r["mode"] == "hybrid"), None)
+    ratios = [v for v in (hybrid or {}).get("ratio_to_sync_runs", {}).get("0.75", []) if v is not None]
+    if not ratios:
+        return None
+    return "hybrid" if sorted(ratios)[len(ratios) // 2] < 1.0 else "sync"
+
+
+def auto_lines(rows: list, stragglers: list) -> list:
+    """Under the table: per condition, auto's pick in each run, the hybrid/sync rate it
+    predicted, and the mode that measured best (:func:`best_under_horovodrun`)."""
+    out = []
+    for condition in stragglers:
+        row = next((r for r in rows if r["straggler"] == condition and r["mode"] == "auto"), None)
+        if row is None:
+            continue
+        best = best_under_horovodrun(rows, condition)
+        gains = ", ".join(f"{g:.2f}" for g in row["auto_predicted_gains"])
+        out.append(f"- {condition}: auto picked {', '.join(row['auto_picks'])} (hybrid/sync predicted {gains}); "
+                   f"measured best of sync and hybrid: {best or 'not run'}")
+    return ["", "Auto's picks (after its profile of the first 20 steps):", ""] + out if out else []

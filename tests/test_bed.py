@@ -33,15 +33,16 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
         pytest.skip(reason)
     before = bed_leftovers()
     result = localrun.run([PYTHON, "-m", "benchmarks.bed", "--ranks=2", "--link=1gbit", "--straggler=none",
-                           "--modes=sync,async", "--repeats=1", "--epochs=1", f"--docs_dir={tmp_path}",
+                           "--modes=sync,async,auto", "--repeats=1", "--epochs=1", f"--docs_dir={tmp_path}",
                            f"--python={PYTHON}"],  # the ranks on the warm interpreter
                           timeout=800, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     data = json.loads((tmp_path / "bed_2r_1gbit.json").read_text())
     shaped = cal.link_bits_per_second("1gbit") / 1e6  # 13.4 Mbit/s
     assert 0.8 * shaped < data["measured_mbit_s"] < 1.1 * shaped, data
-    row, across = data["rows"]
-    assert (row["mode"], across["mode"]) == ("sync", "async") and data["async_on"].startswith("namespaces")
+    row, across, chosen = data["rows"]
+    assert (row["mode"], across["mode"], chosen["mode"]) == ("sync", "async", "auto")
+    assert data["async_on"].startswith("namespaces")
     # Every step waits 50 ms and allreduces 340 KB over the shaped link (1 * 340,008 B at
     # 13.4 Mbit/s = 203 ms for 2 ranks): the run cannot beat that, whatever the cores do.
     comm = cal.ring_comm_seconds(2, "1gbit")
@@ -53,14 +54,20 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     model_bits = cal.emulated_parameters() * 4 * 8
     assert 0 < across["samples_per_s"] < 1.1 * 32 * data["measured_mbit_s"] * 1e6 / model_bits, across
     assert across["test_accuracy"] > 0.3, across
-    assert "Emulated cluster bed: 2 ranks, link 1gbit" in (tmp_path / "BENCHMARKS.md").read_text()
+    # Auto's profile of its own job: 50 ms of compute against about 200 ms of allreduce over
+    # the shaped link, while hybrid's two hosts (one rank each) average every 8 steps: it must
+    # predict hybrid at least 1.25x sync's rate and pick it.
+    assert chosen["auto_picks"] == ["hybrid"] and chosen["auto_predicted_gains"][0] >= 1.25, chosen
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "Emulated cluster bed: 2 ranks, link 1gbit" in text
+    assert "- none: auto picked hybrid (hybrid/sync predicted" in text
     assert bed_leftovers() <= before
 
 
 @pytest.mark.parametrize("module, flag, words", [
     ("bed", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
     ("bed", "--straggler=slowish", "flag: --straggler: 'slowish' is not a condition"),
-    ("bed", "--modes=auto", "flag: --modes: 'auto' is not a mode of the bed"),
+    ("bed", "--modes=fast", "flag: --modes: 'fast' is not a mode of the bed"),
     ("bed", "--render=nothing.json", "flag: --render: nothing.json is not a bed run's JSON (FileNotFoundError"),
     ("bed", "--pareto_alpha=1", "flag: --pareto_alpha: 1.0 is not accepted"),
     ("breakeven", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
@@ -88,6 +95,22 @@ def test_render_writes_a_runs_section_again_from_its_json(tmp_path):
         steady = ", ".join(f"{v:.0f}" for v in row["steady_samples_per_s_runs"])
         line = next(l for l in text.splitlines() if l.startswith(f"| {row['straggler']} | {row['mode']} |"))
         assert f"({steady})" in line and f"{row['test_accuracy']:.3f}" in line, line
+
+
+def test_the_best_mode_under_horovodrun_is_hybrid_when_its_median_ratio_to_sync_is_below_1():
+    from benchmarks.bed_report import auto_lines, best_under_horovodrun
+
+    def row(mode, ratios, **extra):
+        return {"straggler": "none", "mode": mode, "ratio_to_sync_runs": {"0.75": ratios}, **extra}
+
+    assert best_under_horovodrun([row("sync", []), row("hybrid", [0.8, 1.4, 0.9])], "none") == "hybrid"
+    assert best_under_horovodrun([row("hybrid", [1.2, None, 0.9, 1.1])], "none") == "sync"  # median of 3: 1.1
+    assert best_under_horovodrun([row("sync", [])], "none") is None
+    rows = [row("hybrid", [0.5, 0.6, 0.7]), row("auto", [0.6, 0.6, 0.6], auto_picks=["hybrid", "sync", "hybrid"],
+                                                 auto_predicted_gains=[1.5, 1.2, 1.31])]
+    assert auto_lines(rows, ["none", "heavy"])[-1] == (
+        "- none: auto picked hybrid, sync, hybrid (hybrid/sync predicted 1.50, 1.20, 1.31); "
+        "measured best of sync and hybrid: hybrid")
 
 
 def test_async_puts_the_chief_and_the_ps_on_a_host_of_their_own_and_the_workers_over_the_others():

@@ -67,8 +67,8 @@ def _local_steps_refused(text: str):
 
 _OFF = dict(words=("off",), old={0: "off"})
 _AUTO = dict(words=("auto",), old={0: "auto"})
-_STRAGGLER = When(modes=("sync",), test=lambda v, m: v["switch_policy"] == "straggler" or v["mode"] == "auto",
-                  text="switch_policy=straggler (or mode=auto)", keys=("switch_policy",))
+_STRAGGLER = When(modes=("sync",), test=lambda v, m: v["switch_policy"] in ("straggler", "auto") or v["mode"] == "auto",
+                  text="switch_policy=straggler or auto (or mode=auto)", keys=("switch_policy",))
 
 _ELASTIC = When(("sync", "hybrid"), lambda v, m: bool(v["elastic"]), "mode=sync or hybrid with elastic on",
                 ("elastic",))
@@ -230,10 +230,13 @@ KNOBS: Tuple[Knob, ...] = (
          "policy's runs auto).",
          given("cross_group", "periodic")),
     # --- online switching (tfsyncmodes/switching/) ---
-    Knob("switch_policy", "none", Choice(lambda: ("none", "straggler")),
+    Knob("switch_policy", "none", Choice(lambda: ("none", "straggler", "auto")),
          "Under horovodrun: straggler moves a sync run to hybrid, the slow ranks in one group, "
          "while the slowest rank's step time over the median stays at or above "
-         "switch_threshold, and back to sync once it falls (none: stay in one mode).",
+         "switch_threshold, and back to sync once it falls; auto (what mode=auto runs) "
+         "profiles the first switch_interval * switch_patience steps, predicts each mode's "
+         "rate with the cost model, switches to hybrid for good if it pays, else goes on as "
+         "straggler (none: stay in one mode).",
          When(("sync",), lambda v, m: v["mode"] != "auto", "mode=sync")),
     Knob("switch_threshold", 1.5, Number(float, 1.01, 1e3),
          "The slowest/median step-time ratio that counts as a straggler (back to sync below "
@@ -254,7 +257,7 @@ def run_modes(values: Mapping[str, Any]) -> Tuple[str, ...]:
         return schedule_lib.modes(values["mode_schedule"])
     if values["mode"] == "auto":
         return ("sync", "hybrid")
-    if values.get("switch_policy") == "straggler":
+    if values.get("switch_policy") in ("straggler", "auto"):
         return tuple(dict.fromkeys((values["mode"], "hybrid")))
     return (values["mode"],)
 

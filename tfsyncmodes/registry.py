@@ -8,7 +8,7 @@
 | :data:`MEMORIES` | ``--sync_error_feedback``, ``--sync_dgc`` | a :class:`~tfsyncmodes.exchange.memory.Memory` class | ``exchange/memory.py``, ``exchange/dgc.py`` |
 | :data:`CROSS_GROUP` | ``--sync_cross_group`` | a :class:`~tfsyncmodes.exchange.policies.CrossGroupPolicy` class | ``exchange/policies.py``, ``exchange/elastic.py`` |
 | :data:`OUTER_OPTIMIZERS` | ``--sync_outer_optimizer`` | an outer optimizer class (``step(anchor, mean_change)``) | ``exchange/outer.py`` |
-| :data:`SWITCH_PLANS` | ``--sync_mode_schedule``, ``--sync_switch_policy`` | a :class:`~tfsyncmodes.switching.plans.SwitchPlan` class | ``switching/plans.py``, ``switching/policy.py`` |
+| :data:`SWITCH_PLANS` | ``--sync_mode_schedule``, ``--sync_switch_policy`` | a :class:`~tfsyncmodes.switching.plans.SwitchPlan` class | ``switching/plans.py``, ``switching/policy.py``, ``switching/auto_policy.py`` |
 
 Each registry declares its built-in parts statically, as ``name -> "module:attribute"``: their
 names are known without importing anything (the flags list them, the knobs accept them), and a
@@ -83,4 +83,5 @@ CROSS_GROUP = Registry("cross_group", {"stale": _X + "policies:StaleExchange", "
                                        "elastic": _X + "elastic:ElasticAverage"})
 OUTER_OPTIMIZERS = Registry("outer_optimizer", {"average": _X + "outer:AverageOuter",
                                                 "nesterov": _X + "outer:NesterovOuter"})
-SWITCH_PLANS = Registry("switch plan", {"schedule": _W + "plans:SchedulePlan", "straggler": _W + "policy:StragglerPlan"})
+SWITCH_PLANS = Registry("switch plan", {"schedule": _W + "plans:SchedulePlan", "straggler": _W + "policy:StragglerPlan",
+                                        "auto": _W + "auto_policy:AutoPlan"})

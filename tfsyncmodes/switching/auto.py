@@ -1,61 +1,93 @@
-"""``--sync_mode=auto``: a short probe at start, and the cost model that turns it into a mode.
+"""``--sync_mode=auto``: the cost model's pick from a profile of the user's own job (pure).
 
-The probe (every rank, under horovodrun), before the model exists: a few timed training steps of
-one dense layer of :data:`PROBE_BYTES` of weights (a million parameters) at
-:data:`PROBE_BATCH` examples per rank (a ``--sync_slow_worker`` named for the start of the run is
-honoured, as in training), and the time of an allreduce of those weights' gradients across all
-ranks. For a dense model the ratio of exchange to compute hardly depends on its size (both grow
-with the parameter count), so the probe stands for the model to come at that batch size.
+The run starts in sync with the policy :mod:`~tfsyncmodes.switching.auto_policy` runs. Over
+its first ``switch_interval * switch_patience`` timed steps every rank times its own steps as
+the straggler policy does (:mod:`~tfsyncmodes.switching.straggler`): its wall time per step,
+its time inside the train function, and its compute, stamped in the step when its gradients
+are ready, before any collective. One allgather gives every rank every rank's figures
+(:func:`profile_from_rows`), and every rank turns them into the same
+:class:`~tfsyncmodes.costs.Job` (:func:`job_from_profile`):
 
-:func:`choose` turns the profile into a :class:`tfsyncmodes.costs.Job` (:func:`job_from_probe`:
-the median step of all ranks but the slowest, the slowest over it as a persistent straggler, the spread of
-the probe steps as a lognormal tail, the link fitted from the allreduce time by the α–β model,
-hybrid's groups of ``group_size`` ranks with the configured period and local steps) and
-predicts each mode's samples per second with :func:`tfsyncmodes.costs.predict`:
+- each rank's own time per step: its time between steps plus its compute (what it would take
+  were no exchange to wait for); the median of all ranks' but the slowest is the job's step,
+  the slowest over it its persistent straggler, and the median over ranks of the spread of
+  their stamped steps (the standard deviation of the logs) its lognormal tail;
+- the exchange: what the step costs after the gradients for the rank that waits least (the
+  allreduce and the update), and the model's gradient bytes (its trainable weights); the link
+  is fitted so that the model's ring allreduce over all ranks (α = :data:`LATENCY_US`) takes
+  that long. When the run's hosts are the groups hybrid would run, that is the link between
+  hosts, and the links inside a host are priced at the model's default (100 Gbit/s: NVLink or
+  PCIe class); on one host every link is the fitted one;
+- hybrid: the run's period and local steps, its groups (below), the steps of an epoch.
 
-1. one process: ``sync`` (nothing to exchange);
-2. hybrid predicted at least :data:`HYBRID_MARGIN` times sync's rate: ``hybrid``, the slow ranks
-   in one group when the slowest step is at least ``switch_threshold`` times the median of the
-   others' (with two ranks: the faster one's) (hybrid needs
-   more samples than sync for the same accuracy, which the margin stands for: the model
-   predicts throughput only);
-3. otherwise ``sync`` with ``switch_policy=straggler`` (it moves to hybrid if a straggler
-   appears later, and back).
+:func:`choose` predicts each mode's rate with :func:`tfsyncmodes.costs.predict` and picks:
 
-Async is not a candidate: under horovodrun there are no parameter servers (its prediction is
-logged for comparison). The logs: one line per mode's prediction, one line with the pick.
+1. hybrid predicted at least :data:`HYBRID_MARGIN` times sync's rate: ``hybrid`` (the margin
+   stands for the samples hybrid needs beyond sync's for the same accuracy, which the model
+   does not predict), in one group per host when the run spans hosts of equal size that way;
+   on one host with a straggler (slowest at least ``switch_threshold`` times the others'
+   median) the slow ranks share the first group, else consecutive ranks share one;
+2. otherwise ``sync``, and the straggler policy goes on deciding from there.
+
+Async is not a candidate (under horovodrun there are no parameter servers); its prediction is
+logged for comparison. A Job's batch is one sample, so each rate is in steps a second summed
+over the ranks (samples a second over the per-rank batch).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from tfsyncmodes import costs
-from tfsyncmodes.exchange import communicators
 from tfsyncmodes.switching.decision import Groups, median, slow_first_groups
 
-PROBE_BYTES = 4 << 20
-PROBE_STEPS = 5
-PROBE_BATCH = 32
 HYBRID_MARGIN = 1.25  # hybrid's predicted rate over sync's that pays for its extra samples
 LATENCY_US = 50.0  # α of the fitted link (loopback and data-centre Ethernet are both below it)
 
 
 @dataclasses.dataclass(frozen=True)
+class Profile:
+    """What the first steps of a run measured (seconds), the same on every rank."""
+
+    own: Tuple[float, ...]    # each rank's time per step without the exchange
+    exchange: float           # the step after the gradients, for the rank that waits least
+    grad_bytes: float         # the model's trainable weights, in bytes
+    tail_sigma: float = 0.0   # median over ranks of the log-spread of their stamped steps
+    steps: int = 0            # the steps each rank timed (the fewest of any rank)
+
+
+@dataclasses.dataclass(frozen=True)
 class Choice:
     mode: str
-    switch_policy: str
     groups: Groups
     reason: str
-    predicted: Dict[str, float] = dataclasses.field(default_factory=dict)  # samples/s by mode
+    predicted: Dict[str, float] = dataclasses.field(default_factory=dict)  # rank-steps/s by mode
 
     def prediction_lines(self) -> Tuple[str, ...]:
-        """One log line per mode: its predicted samples per second."""
-        return tuple(f"auto: predicted {mode} {rate:,.0f} samples/s" + (
+        """One log line per mode: its predicted rate, and that over sync's."""
+        sync = self.predicted.get("sync", 0.0)
+        return tuple(f"auto: predicted {mode} {rate:,.1f} steps/s over all ranks ({rate / sync:.2f}x sync)" + (
             " (not a candidate under horovodrun)" if mode == "async" else "")
-            for mode, rate in self.predicted.items())
+            for mode, rate in self.predicted.items() if sync > 0)
+
+
+def profile_from_rows(rows: Sequence[Sequence[float]], grad_bytes: float) -> Profile:
+    """The profile from every rank's row (wall time per step, time inside the train function
+    per step, steps timed, stamped compute per step, log-spread of its stamped steps)."""
+    cycle, in_step, timed, compute, sigma = (tuple(float(row[i]) for row in rows) for i in range(5))
+    exchange = max(min(s - k for s, k in zip(in_step, compute)), 0.0)
+    own = tuple(max(c - s, 0.0) + max(k, 0.0) for c, s, k in zip(cycle, in_step, compute))
+    return Profile(own, exchange, float(grad_bytes), median(sigma), int(min(timed)))
+
+
+def log_sigma(steps: Sequence[float]) -> float:
+    """The lognormal shape of a rank's steps: the standard deviation of their logs."""
+    logs = [math.log(t) for t in steps if t > 0]
+    if len(logs) < 2:
+        return 0.0
+    mean = sum(logs) / len(logs)
+    return math.sqrt(sum((v - mean) ** 2 for v in logs) / (len(logs) - 1))
 
 
 def fitted_gbit(members: int, size: float, seconds: float, latency_s: float = LATENCY_US / 1e6) -> float:
@@ -65,85 +97,42 @@ def fitted_gbit(members: int, size: float, seconds: float, latency_s: float = LA
     return 2 * (members - 1) / members * size * 8 / wire / 1e9
 
 
-def job_from_probe(step_times: Sequence[float], allreduce_seconds: float, group_size: int, probe_bytes: int,
-                   period: int, local_steps: str, tail_sigma: float = 0.0) -> costs.Job:
-    """The cost model's job for a measured profile: ranks, median step, straggler, tail, the
-    link fitted from the allreduce, hybrid groups of `group_size` (each a "host" of the model,
-    every link the fitted one)."""
-    ranks = len(step_times)
-    step = median(sorted(step_times)[:-1])  # the others' median: the straggler is the slowest
-    gbit = fitted_gbit(ranks, probe_bytes, allreduce_seconds)
-    per_group = group_size if 0 < group_size < ranks and ranks % group_size == 0 else max(ranks // 2, 1)
-    return costs.Job(ranks=ranks, step_ms=step * 1e3, grad_mb=probe_bytes / 1e6, link_gbit=gbit, host_gbit=gbit,
-                     ranks_per_host=per_group, latency_us=LATENCY_US, batch=PROBE_BATCH,
-                     straggler=max(max(step_times) / step, 1.0) if step > 0 else 1.0, tail_sigma=tail_sigma,
-                     period=period, local_steps=local_steps)
+def job_from_profile(profile: Profile, group_size: int, groups_are_hosts: bool, period: int,
+                     local_steps: str, epoch_steps: int = 0) -> costs.Job:
+    """The cost model's job for a profile (see the module doc)."""
+    ranks = len(profile.own)
+    step = median(sorted(profile.own)[:-1]) if ranks > 1 else profile.own[0]
+    step = max(step, 1e-6)
+    gbit = fitted_gbit(ranks, profile.grad_bytes, max(profile.exchange, 1e-9))
+    host = costs.Job.host_gbit if groups_are_hosts else gbit
+    return costs.Job(ranks=ranks, step_ms=step * 1e3, grad_mb=max(profile.grad_bytes, 1.0) / 1e6, link_gbit=gbit,
+                     host_gbit=host, ranks_per_host=group_size, latency_us=LATENCY_US, batch=1,
+                     straggler=max(max(profile.own) / step, 1.0), tail_sigma=profile.tail_sigma,
+                     period=period, local_steps=local_steps, epoch_steps=max(epoch_steps, 0))
 
 
-def choose(step_times: Sequence[float], allreduce_seconds: float, threshold: float,
-           group_size: int, probe_bytes: int = PROBE_BYTES, *, period: int = 8,
-           local_steps: str = "auto", tail_sigma: float = 0.0) -> Choice:
-    """The mode for ranks whose probe steps took `step_times` (seconds, by rank) and whose
-    allreduce of `probe_bytes` took `allreduce_seconds` (see the module doc)."""
-    if len(step_times) <= 1:
-        return Choice("sync", "none", (), "auto: one process: sync (nothing to exchange)")
-    job = job_from_probe(step_times, max(allreduce_seconds, 1e-9), group_size, probe_bytes, period, local_steps,
-                         tail_sigma)
-    step = job.step_ms / 1e3  # the others' median (with two ranks: the faster one)
-    ratio = max(step_times) / step if step > 0 else 1.0
+def choose(profile: Profile, threshold: float, group_size: int, host_groups: Optional[Groups] = None, *,
+           period: int = 8, local_steps: str = "auto", epoch_steps: int = 0) -> Choice:
+    """The mode for a run that measured `profile`; `host_groups`: one group per host, when the
+    run's hosts divide it into groups of `group_size` (None: one host, or not so)."""
+    ranks = len(profile.own)
+    if ranks <= 1:
+        return Choice("sync", (), "auto: one process: sync (nothing to exchange)")
+    job = job_from_profile(profile, group_size, host_groups is not None, period, local_steps, epoch_steps)
     predicted = costs.predict(job)
     gain = predicted["hybrid"] / predicted["sync"]
-    figures = (f"median step {step * 1000:.1f} ms, slowest/others' median {ratio:.2f} (threshold {threshold:g}), "
-               f"allreduce of {probe_bytes >> 20} MiB {allreduce_seconds * 1000:.1f} ms "
-               f"(link {job.link_gbit:.2f} Gbit/s), hybrid/sync predicted {gain:.2f} (pays from {HYBRID_MARGIN:g})")
-    if gain >= HYBRID_MARGIN:
-        groups = slow_first_groups(step_times, group_size) if ratio >= threshold else ()
-        where = (f" with the slow ranks in one group ({';'.join(','.join(map(str, g)) for g in groups)})"
-                 if groups else "")
-        return Choice("hybrid", "none", groups, f"auto: hybrid{where}; {figures}", predicted)
-    return Choice("sync", "straggler", (), f"auto: sync with switch_policy=straggler; {figures}", predicted)
-
-
-def log_sigma(steps: Sequence[float]) -> float:
-    """The lognormal shape of a rank's probe steps: the standard deviation of their logs."""
-    logs = [math.log(t) for t in steps if t > 0]
-    if len(logs) < 2:
-        return 0.0
-    mean = sum(logs) / len(logs)
-    return math.sqrt(sum((v - mean) ** 2 for v in logs) / (len(logs) - 1))
-
-
-def probe(slow_factor: float = 1.0) -> Tuple[Tuple[float, ...], float, float]:
-    """(every rank's median probe step in seconds, this job's allreduce time in seconds, the
-    median over ranks of :func:`log_sigma` of their steps); the same on every rank (gathered)."""
-    import tensorflow as tf
-
-    side = int((PROBE_BYTES // 4) ** 0.5)  # a dense layer of PROBE_BYTES of float32 weights
-    weights = tf.random.stateless_normal((side, side), seed=(1, 2))
-    inputs = tf.random.stateless_normal((PROBE_BATCH, side), seed=(3, 4))
-
-    @tf.function
-    def work(w, x):  # forward, and the two matmuls of the backward pass
-        upstream = tf.matmul(x, w)
-        return tf.reduce_sum(tf.matmul(x, upstream, transpose_a=True)) + tf.reduce_sum(
-            tf.matmul(upstream, w, transpose_b=True))
-
-    work(weights, inputs).numpy()  # trace
-    steps = []
-    for _ in range(PROBE_STEPS):
-        started = time.perf_counter()
-        work(weights, inputs).numpy()
-        elapsed = time.perf_counter() - started
-        time.sleep((slow_factor - 1.0) * elapsed)  # an emulated straggler, as in training
-        steps.append(elapsed * slow_factor)
-    buffer = tf.zeros((PROBE_BYTES // 4,), tf.float32)
-    communicators.world_sum(buffer, "tfsync_auto_probe_warmup").numpy()
-    timings = []
-    for number in range(3):
-        started = time.perf_counter()
-        communicators.world_sum(buffer, f"tfsync_auto_probe_{number}").numpy()
-        timings.append(time.perf_counter() - started)
-    mine = tf.constant([[median(steps), median(timings), log_sigma(steps)]], tf.float64)
-    gathered = communicators.world_allgather(mine, "tfsync_auto_probe_gather").numpy()
-    return (tuple(float(v) for v in gathered[:, 0]), float(max(gathered[:, 1])),
-            median([float(v) for v in gathered[:, 2]]))
+    figures = (f"{profile.steps} steps profiled: median step {job.step_ms:.1f} ms without the exchange, "
+               f"slowest/others' median {job.straggler:.2f} (threshold {threshold:g}), tail sigma "
+               f"{profile.tail_sigma:.2f}, exchange {profile.exchange * 1000:.1f} ms for "
+               f"{profile.grad_bytes / 1e6:.2f} MB (link {job.link_gbit:.3g} Gbit/s), hybrid/sync predicted "
+               f"{gain:.2f} (pays from {HYBRID_MARGIN:g})")
+    if gain < HYBRID_MARGIN:
+        return Choice("sync", (), f"auto: sync, the straggler policy deciding from here; {figures}", predicted)
+    if host_groups is not None:
+        groups, where = host_groups, "one group per host"
+    elif job.straggler >= threshold:
+        groups, where = slow_first_groups(profile.own, group_size), "the slow ranks in one group"
+    else:
+        groups, where = tuple(tuple(range(i, i + group_size)) for i in range(0, ranks, group_size)), "groups"
+    text = ";".join(",".join(map(str, g)) for g in groups)
+    return Choice("hybrid", groups, f"auto: hybrid with {where} ({text}); {figures}", predicted)

@@ -65,6 +65,7 @@ class StragglerSwitch(ModeSwitch):
         self._in_step = self._cycle = 0.0
         self._timed = 0
         self._compute, self._computed, self._began_wall = 0.0, 0, 0.0
+        self._computes: List[float] = []  # this window's stamped computes, one per step
         self._skip = 2  # the first steps trace the train function
         self._rounds_seen = 0  # cross-group rounds at the last decision (hybrid, local_steps=auto)
         self._back_to_sync: Optional[Decision] = None  # decided; takes effect at the epoch's end
@@ -94,6 +95,7 @@ class StragglerSwitch(ModeSwitch):
         if self._skip == 0 and stamp >= self._began_wall > 0:
             self._compute += stamp - self._began_wall
             self._computed += 1
+            self._computes.append(stamp - self._began_wall)
         super().on_train_batch_end(batch, logs)
         policy = self._speed_proportional()
         if policy is None:
@@ -139,7 +141,11 @@ class StragglerSwitch(ModeSwitch):
             return
         if decision.mode == "hybrid":
             self._regroup(decision.groups)
-        self.switch_to(decision.mode, f"slowest/median {decision.ratio:.2f}")
+        self._switch(decision.mode, f"slowest/median {decision.ratio:.2f}", batch)
+
+    def _switch(self, mode: str, reason: str, batch: int) -> None:
+        """Switches to `mode` after the step `batch` of this epoch (mid-epoch)."""
+        self.switch_to(mode, reason)
         self._began, self._skip = None, 2  # the new train function traces first
         policy = self._speed_proportional()
         if policy is not None:  # it plans the rest of this epoch from the steps already run
@@ -164,6 +170,7 @@ class StragglerSwitch(ModeSwitch):
     def _reset_window(self) -> None:
         self._in_step = self._cycle = self._compute = 0.0
         self._timed = self._computed = 0
+        self._computes = []
 
     def _group_paced_times(self, policy: SpeedProportionalAverage) -> Optional[List[float]]:
         """In a speed-proportional hybrid phase: each rank at its group's pace, as the last

@@ -1,0 +1,109 @@
+"""``--sync_switch_policy=auto`` (what ``--sync_mode=auto`` runs under horovodrun): profile the
+run's first steps in sync, price the modes with the cost model, switch to hybrid if it pays,
+else go on as the straggler policy.
+
+:class:`AutoSwitch` is the straggler policy's callback
+(:class:`~tfsyncmodes.switching.straggler.StragglerSwitch`) with a first decision of its own:
+its first ``switch_interval * switch_patience`` timed steps are the profile (the steps the
+straggler policy's first decision would have taken). Then one allgather of every rank's
+figures, and every rank computes the same :class:`~tfsyncmodes.switching.auto.Choice`
+(:func:`~tfsyncmodes.switching.auto.choose`); the chief logs one line per mode's prediction and
+one with the pick. A pick of hybrid switches at that step boundary (the groups rebuilt as the
+straggler policy rebuilds them) and stays: the pick priced the link as well as the straggler,
+so a straggler that leaves is no reason to go back. A pick of sync leaves the run to the
+straggler policy's windows from then on.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from absl import logging
+
+from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.exchange import communicators, recipes
+from tfsyncmodes.registry import SWITCH_PLANS
+from tfsyncmodes.switching import auto, candidates
+from tfsyncmodes.switching.policy import StragglerPlan
+from tfsyncmodes.switching.straggler import StragglerSwitch
+
+
+class AutoSwitch(StragglerSwitch):
+    """Profiles, picks, then (in sync) decides as the straggler policy; see the module doc."""
+
+    def __init__(self, strategy, group_size: int, log_dir: Optional[str] = None):
+        super().__init__(strategy, group_size, log_dir)
+        config = strategy.config
+        self.group_size = group_size
+        self.profile_steps = config.switch_interval * config.switch_patience
+        self.choice: Optional[auto.Choice] = None
+
+    def _decide(self, batch, policy=None):
+        if self.choice is None:
+            if self._step >= self.profile_steps:
+                self._pick(batch)
+            return  # the profile's steps accumulate over its windows
+        if self.choice.mode == "hybrid":
+            return  # the pick stays (module doc)
+        super()._decide(batch, policy)
+
+    def _pick(self, batch: int) -> None:
+        import tensorflow as tf
+
+        timed = max(self._timed, 1)
+        compute = self._compute / self._computed if self._computed else -1.0
+        mine = tf.constant([[self._cycle / timed, self._in_step / timed, float(self._timed), compute,
+                             auto.log_sigma(self._computes)]], tf.float64)
+        rows = communicators.world_allgather(mine, "tfsync_auto_profile").numpy()
+        self._reset_window()
+        if float(rows[:, 2].min()) < 1 or float(rows[:, 3].min()) < 0:
+            self.choice = auto.Choice("sync", (), "auto: sync, the straggler policy deciding from here: "
+                                      "a rank timed no step or stamped no compute in the profile")
+        else:
+            profile = auto.profile_from_rows(rows.tolist(), _grad_bytes(self.model))
+            hybrid = recipes.mode_config(self.strategy.config, "hybrid", decides_at_rounds=True)
+            self.choice = auto.choose(profile, self.strategy.config.switch_threshold, self.group_size,
+                                      self._host_groups(), period=recipes.period(hybrid),
+                                      local_steps=hybrid.local_steps,
+                                      epoch_steps=int((self.params or {}).get("steps") or 0))
+        if self._is_chief():
+            for line in self.choice.prediction_lines():
+                logging.info("%s", line)
+            logging.info("%s", self.choice.reason)
+        if self.choice.mode == "hybrid":
+            self.decider.mode, self.decider.groups = "hybrid", self.choice.groups
+            self._regroup(self.choice.groups)
+            self._switch("hybrid", "auto: hybrid predicted to pay", batch)
+
+    def _host_groups(self):
+        """One group per host, when the run's hosts are groups of the policy's size."""
+        config, layout, hvd = self.strategy.config, self.strategy.layout, self.strategy.hvd
+        if config.groups or config.group_size != "host" or layout is None or hvd.local_size() >= hvd.size():
+            return None
+        if layout.num_groups < 2 or layout.group_size != self.group_size:
+            return None
+        return layout.groups
+
+
+def _grad_bytes(model) -> float:
+    """The bytes of the model's trainable weights (its gradient, as sync allreduces it)."""
+    import numpy as np
+    import tensorflow as tf
+
+    return float(sum(int(np.prod(tuple(v.shape))) * tf.as_dtype(v.dtype).size for v in model.trainable_variables))
+
+
+@SWITCH_PLANS.register("auto")
+class AutoPlan(StragglerPlan):
+    """``--sync_switch_policy=auto``: starts in sync, may switch to hybrid (see the module doc)."""
+
+    def modes(self, config):
+        if config.switch_policy != "auto":
+            return ()
+        if config.mode != "sync":
+            raise ConfigError(config.sources.get("switch_policy", "default"), "switch_policy",
+                              f"the auto policy starts in sync, not in {config.mode}",
+                              "use --sync_mode=auto (or --sync_mode=sync with --sync_switch_policy=auto)")
+        return ("sync", "hybrid")
+
+    def callbacks(self, strategy):
+        return [AutoSwitch(strategy, candidates.default_group_size(strategy.config, strategy.num_workers))]
