@@ -16,8 +16,7 @@ others, without a slow machine: the knob ``slow_worker`` (flag ``--sync_slow_wor
   and the step count is unknown, so the parameter-server strategy slows the whole worker
   process instead (:func:`throttle_self` with :func:`slow_worker_factor`: SIGSTOP/SIGCONT
   for ``1 - 1/FACTOR`` of every 50 ms), and refuses a window (:func:`refuse_window`).
-- ``--sync_mode=auto`` probes the ranks' speed with the slowdown named for the start of the
-  run (:func:`slow_spec`).
+- ``--sync_mode=auto`` sees the slowdown as it sees any straggler: in the steps it profiles.
 
 Nothing here runs unless ``slow_worker`` is set; it is not needed to train.
 """

@@ -87,7 +87,7 @@ _DGC = When(("sync",), lambda v, m: _dgc(v), "mode=sync with dgc on and a Top-K 
 KNOBS: Tuple[Knob, ...] = (
     Knob("mode", "sync", Choice(registry.MODES.names),
          "How replicas keep in step: sync (allreduce every step), async (parameter servers), "
-         "hybrid (sync inside groups, averaged across them), auto (probe, then sync or hybrid)."),
+         "hybrid (sync inside groups, averaged across them), auto (sync for a profile of the first steps, then hybrid if the cost model says it pays)."),
     Knob("backend", "auto", Choice(lambda: ("auto",) + registry.BACKENDS.names()),
          "Engine for sync mode. auto: horovod under horovodrun, multi_worker with a TF_CONFIG "
          "of several workers, mirrored otherwise.", modes("sync")),

@@ -9,8 +9,9 @@
   boundary, and the ``--sync_mode_schedule`` driver.
 - :mod:`~tfsyncmodes.switching.decision` (pure), :mod:`~tfsyncmodes.switching.candidates`,
   :mod:`~tfsyncmodes.switching.straggler`: the online straggler policy.
-- :mod:`~tfsyncmodes.switching.auto` (pure rule and probe) and
-  :mod:`~tfsyncmodes.switching.auto_mode`: ``--sync_mode=auto``.
+- :mod:`~tfsyncmodes.switching.auto` (the profile and the pick, pure),
+  :mod:`~tfsyncmodes.switching.auto_policy` (``--sync_switch_policy=auto``: the callback that
+  profiles and switches) and :mod:`~tfsyncmodes.switching.auto_mode`: ``--sync_mode=auto``.
 - :mod:`~tfsyncmodes.switching.phases`: schedules through async, one process layout per phase.
 
 Below this package, the optimizer wrapper knows only that its exchange can be swapped at a
