@@ -10,8 +10,9 @@ a fitted per-step overhead, gradients of ``emulated_parameters() * 4`` bytes, th
 (async: the same where the file says it ran across the namespaces, else loopback,
 ``--loopback_gbit``), hybrid's period and local steps at the trainer's defaults, hybrid's average
 in slices where the file says so, one ps. persistent = rank 1 four times slower; heavy =
-Pareto(``pareto_alpha``) factors of mean 1; transient = four times slower for W seconds
-(``transient_window_s``): N samples take W + (N - r_slow W) / r_fast seconds (older files: slow
+Pareto(``pareto_alpha``) factors of mean 1; transient = four times slower from F to E seconds after the first step
+(``transient_window_s``): samples go at r_fast before F and after E and at r_slow between, and
+the rate is the one over the epochs after the first, as measured (older files: slow
 in the middle third of the steps, the time-weighted mix; exact for sync, an approximation for
 hybrid and async). ``--compute=real`` files enter the fit only; the switch policy has no price.
 Measured: the steady rate (after the first epoch) where the bed recorded it, else the run's.
@@ -120,9 +121,19 @@ def transient_rate(bed: dict, slow: float, fast: float, settings: Settings = DEF
         share = transient_fraction(bed, settings)
         return 1.0 / (share / slow + (1 - share) / fast)
     first, end = bed["transient_window_s"]
-    samples = measured_samples(bed, settings)
-    in_window = min(samples, slow * (end - first))
-    return samples / (in_window / slow + (samples - in_window) / fast)
+    epoch = cal.TRAIN_SAMPLES // settings.batch_size * settings.batch_size
+
+    def seconds_at(samples: float) -> float:  # after the first step: fast, slow in the window, fast
+        before = fast * first
+        if samples <= before:
+            return samples / fast
+        during = before + slow * (end - first)
+        if samples <= during:
+            return first + (samples - before) / slow
+        return end + (samples - during) / fast
+
+    # The measured rate spans the epochs after the first: the part of the window inside them.
+    return measured_samples(bed, settings) / (seconds_at(epoch * bed["epochs"]) - seconds_at(epoch))
 
 
 def async_across(bed: dict) -> bool:

@@ -47,12 +47,18 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
     share = (44 - 22) / 66
     want = 1 / (share / sync_rate(4, 4 * WAIT) + (1 - share) / sync_rate(4, WAIT))
     assert bed_model.predict(small, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
-    # A window of W seconds (beds since it is in seconds): the 2 epochs measured, 2 * 22 * 64
-    # samples, take W + (N - r_slow W) / r_fast seconds.
-    timed = dict(small, transient_window_s=[1.1, 2.2])
-    n, slow, fast = 2 * 22 * 64, sync_rate(4, 4 * WAIT), sync_rate(4, WAIT)
-    want = n / (1.1 + (n - slow * 1.1) / fast)
-    assert bed_model.predict(timed, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
+    # A window from F to E seconds after the first step (beds since it is in seconds): samples
+    # come at r_fast, r_slow inside the window, r_fast after it; the rate measured is over the
+    # 2 epochs after the first (epochs of 22 * 64 samples), read off the samples-time curve.
+    for window in ([1.1, 2.2], [3.0, 4.0], [0.5, 60.0]):
+        timed = dict(small, transient_window_s=window)
+        epoch, slow, fast = 22 * 64, sync_rate(4, 4 * WAIT), sync_rate(4, WAIT)
+        first, end = window
+        times = np.array([0.0, first, end, end + 1e6])
+        done = np.cumsum([0.0, fast * first, slow * (end - first), fast * 1e6])
+        start, stop = np.interp([epoch, 3 * epoch], done, times)
+        want = 2 * epoch / (stop - start)
+        assert bed_model.predict(timed, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-9), window
     heavy = bed_model.job(small, "sync", "heavy", ALPHA, OVERHEAD)
     assert (heavy.pareto_alpha, heavy.straggler, heavy.tail_sigma) == (2.0, 1.0, 0.0)
     # async: on loopback, each worker its own pace, one ps
