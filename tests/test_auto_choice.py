@@ -156,3 +156,16 @@ def test_auto_under_a_controlled_straggler_switches_to_hybrid_after_its_profile(
     rounds = got["local_steps_rounds"]
     per_group = [sum(a * b for a, b in zip(got[f"local_steps_group{g}"], rounds)) for g in (0, 1)]
     assert 0 < per_group[0] < per_group[1], per_group
+
+
+def test_auto_outside_horovodrun_is_plain_sync_and_says_why():
+    """Not under horovodrun there is no in-process switching: auto makes sync's strategy, with no
+    policy, and logs one line that says so."""
+    code = ("from absl import logging; logging.set_verbosity(logging.INFO); "
+            "import tfsyncmodes; s = tfsyncmodes.make_strategy('auto'); "
+            "print('GOT', s.mode, s.config.switch_policy, s.config.sources['mode'], type(s).__name__)")
+    result = run_checked([PYTHON, "-c", code], timeout=120)
+    got = [line for line in result.stdout.splitlines() if line.startswith("GOT ")]
+    assert got and got[0].split()[1:4] == ["sync", "none", "auto"], result.stdout[-1000:]
+    assert "SwitchingStrategy" not in got[0]
+    assert "auto: sync: not under horovodrun" in result.stderr

@@ -58,6 +58,18 @@ def test_schedules_this_process_cannot_run_are_one_clear_error(text, words):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("policy", ["straggler", "auto"])
+def test_a_switch_policy_outside_horovodrun_names_its_own_knob(policy):
+    import tfsyncmodes
+    from tfsyncmodes.errors import ConfigError
+
+    config = resolve({"switch_policy": policy}, environ={}, use_flags=False)
+    with pytest.raises(ConfigError) as error:
+        tfsyncmodes.make_strategy(config=config)
+    text = str(error.value)
+    assert "needs horovodrun" in text and f"--sync_switch_policy={policy}" in text and "mode_schedule" not in text, text
+
+
 def test_a_switching_optimizer_round_trips_through_model_save(tmp_path):
     """Every mode's exchange state is optimizer state and comes back from ``model.save``, with
     the knobs the run was given (here hybrid's Top-K error feedback)."""

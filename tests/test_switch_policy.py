@@ -152,6 +152,8 @@ def test_own_step_times_with_the_stamped_compute_see_a_rank_slowed_inside_its_st
 
 @pytest.mark.parametrize("overrides, words", [
     ({"mode": "hybrid", "switch_policy": "straggler"}, "starts in sync"),
+    ({"mode": "hybrid", "switch_policy": "auto"}, "the auto policy starts in sync, not in hybrid"),
+    ({"mode_schedule": "sync:10%,hybrid", "switch_policy": "auto"}, "schedule and auto both decide"),
     ({"mode_schedule": "sync:10%,hybrid", "switch_policy": "straggler"}, "schedule and straggler both decide"),
     ({"mode_schedule": "sync:10%,hybrid", "local_steps": "auto"}, "local_steps: auto cannot run in a phase"),
 ])
@@ -171,6 +173,9 @@ def test_policy_combinations_that_cannot_run_are_config_errors(overrides, words)
         resolved = config.resolve(overrides, environ={}, use_flags=False)
         plan, _ = recipes.switch_plan(resolved)
         assert recipes.mode_config(resolved, "hybrid", plan.decides_at_rounds).local_steps == "auto"
+    auto = config.resolve({"switch_policy": "auto"}, environ={}, use_flags=False)
+    plan, modes = recipes.switch_plan(auto)
+    assert modes == ("sync", "hybrid") and type(plan).__name__ == "AutoPlan" and plan.decides_at_rounds
     schedule = config.resolve({"mode_schedule": "sync:10%,hybrid"}, environ={}, use_flags=False)
     assert not recipes.switch_plan(schedule)[0].decides_at_rounds
 

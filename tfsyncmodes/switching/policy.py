@@ -15,6 +15,7 @@ from tfsyncmodes.switching.straggler import StragglerSwitch
 class StragglerPlan(SwitchPlan):
     """``--sync_switch_policy=straggler``: starts in sync, may switch to hybrid and back."""
 
+    knob = "switch_policy"
     decides_at_rounds = True
 
     def modes(self, config):

@@ -137,5 +137,5 @@ def make_switching_strategy(config, plan, modes: Sequence[str], horovod, tf_conf
                           "use sync and hybrid phases")
     if horovod is None:
         raise ConfigError(source, knob, "switching between sync and hybrid within a run needs horovodrun",
-                          f"launch with: horovodrun -np N python ... --{knob}=...")
+                          f"launch with: horovodrun -np N python ... --sync_{knob}={getattr(config, knob)}")
     return SwitchingStrategy(config, horovod, modes, plan)
