@@ -19,7 +19,6 @@ from typing import Optional
 
 from absl import logging
 
-from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import communicators, recipes
 from tfsyncmodes.registry import SWITCH_PLANS
 from tfsyncmodes.switching import auto, candidates
@@ -96,14 +95,7 @@ def _grad_bytes(model) -> float:
 class AutoPlan(StragglerPlan):
     """``--sync_switch_policy=auto``: starts in sync, may switch to hybrid (see the module doc)."""
 
-    def modes(self, config):
-        if config.switch_policy != "auto":
-            return ()
-        if config.mode != "sync":
-            raise ConfigError(config.sources.get("switch_policy", "default"), "switch_policy",
-                              f"the auto policy starts in sync, not in {config.mode}",
-                              "use --sync_mode=auto (or --sync_mode=sync with --sync_switch_policy=auto)")
-        return ("sync", "hybrid")
+    policy = "auto"
 
     def callbacks(self, strategy):
         return [AutoSwitch(strategy, candidates.default_group_size(strategy.config, strategy.num_workers))]

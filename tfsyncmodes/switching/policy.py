@@ -16,15 +16,17 @@ class StragglerPlan(SwitchPlan):
     """``--sync_switch_policy=straggler``: starts in sync, may switch to hybrid and back."""
 
     knob = "switch_policy"
+    policy = "straggler"  # the knob's value that puts this plan in force
     decides_at_rounds = True
 
     def modes(self, config):
-        if config.switch_policy != "straggler":
+        if config.switch_policy != self.policy:
             return ()
         if config.mode != "sync":
             raise ConfigError(config.sources.get("switch_policy", "default"), "switch_policy",
-                              f"the straggler policy starts in sync, not in {config.mode}",
-                              "use --sync_mode=sync with --sync_switch_policy=straggler")
+                              f"the {self.policy} policy starts in sync, not in {config.mode}",
+                              f"use --sync_mode=sync with --sync_switch_policy={self.policy}"
+                              + (" (or --sync_mode=auto)" if self.policy == "auto" else ""))
         return ("sync", "hybrid")
 
     def prepare_horovod(self, config, horovod_env) -> None:
