@@ -40,7 +40,7 @@ import math
 from typing import Dict, Optional, Sequence, Tuple
 
 from tfsyncmodes import costs
-from tfsyncmodes.switching.decision import Groups, median, slow_first_groups
+from tfsyncmodes.switching.decision import Groups, median, own_step_times, slow_first_groups
 
 HYBRID_MARGIN = 1.25  # hybrid's predicted rate over sync's that pays for its extra samples
 LATENCY_US = 50.0  # α of the fitted link (loopback and data-centre Ethernet are both below it)
@@ -76,8 +76,8 @@ def profile_from_rows(rows: Sequence[Sequence[float]], grad_bytes: float) -> Pro
     """The profile from every rank's row (wall time per step, time inside the train function
     per step, steps timed, stamped compute per step, log-spread of its stamped steps)."""
     cycle, in_step, timed, compute, sigma = (tuple(float(row[i]) for row in rows) for i in range(5))
-    exchange = max(min(s - k for s, k in zip(in_step, compute)), 0.0)
-    own = tuple(max(c - s, 0.0) + max(k, 0.0) for c, s, k in zip(cycle, in_step, compute))
+    exchange = max(min(s - k for s, k in zip(in_step, compute)), 0.0)  # as own_step_times takes it
+    own = tuple(t - exchange for t in own_step_times(cycle, in_step, compute))
     return Profile(own, exchange, float(grad_bytes), median(sigma), int(min(timed)))
 
 

@@ -48,10 +48,7 @@ class AutoSwitch(StragglerSwitch):
     def _pick(self, batch: int) -> None:
         import tensorflow as tf
 
-        timed = max(self._timed, 1)
-        compute = self._compute / self._computed if self._computed else -1.0
-        mine = tf.constant([[self._cycle / timed, self._in_step / timed, float(self._timed), compute,
-                             auto.log_sigma(self._computes)]], tf.float64)
+        mine = tf.constant([self._window_row() + [auto.log_sigma(self._computes)]], tf.float64)
         rows = communicators.world_allgather(mine, "tfsync_auto_profile").numpy()
         self._reset_window()
         if float(rows[:, 2].min()) < 1 or float(rows[:, 3].min()) < 0:

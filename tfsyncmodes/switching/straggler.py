@@ -157,15 +157,20 @@ class StragglerSwitch(ModeSwitch):
         None: some rank timed no step)."""
         import tensorflow as tf
 
-        timed = max(self._timed, 1)
-        compute = self._compute / self._computed if self._computed else -1.0
-        mine = tf.constant([[self._cycle / timed, self._in_step / timed, float(self._timed), compute]], tf.float64)
+        mine = tf.constant([self._window_row()], tf.float64)
         gathered = communicators.world_allgather(mine, "tfsync_switch_policy_times").numpy()
         self._reset_window()
         if float(gathered[:, 2].min()) < 1:
             return None
         stamped = list(gathered[:, 3]) if float(gathered[:, 3].min()) >= 0 else None
         return own_step_times(list(gathered[:, 0]), list(gathered[:, 1]), stamped)
+
+    def _window_row(self) -> List[float]:
+        """This rank's window: wall time and time inside the train function per step, steps
+        timed, stamped compute per step (-1: none stamped)."""
+        timed = max(self._timed, 1)
+        compute = self._compute / self._computed if self._computed else -1.0
+        return [self._cycle / timed, self._in_step / timed, float(self._timed), compute]
 
     def _reset_window(self) -> None:
         self._in_step = self._cycle = self._compute = 0.0
