@@ -51,7 +51,7 @@ def elastic_job(tmp_path, script, np_start, timeout=200, **env):
             TFSYNC_ELASTIC="true", TFSYNC_ELASTIC_COMMIT=COMMIT, TFSYNC_COLLECTIVE_TIMEOUT=TIMEOUT,
             ELASTIC_OUT=out, ELASTIC_EPOCHS=EPOCHS, ELASTIC_STEPS=STEPS, **env))
     except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"the job did not finish within {timeout} s:\n{(expired.output or '')[-3000:]}\n"
+        pytest.fail(f"the job did not finish within {timeout} s:\n{(expired.output or '')[-12000:]}\n"
                     f"{(expired.stderr or '')[-5000:]}")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]

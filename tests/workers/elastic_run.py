@@ -10,7 +10,9 @@ that step of that epoch, then waits ADD_WAIT s so that Horovod's driver has seen
 next step), ELASTIC_JOIN_DELAY ``RANK:SECONDS`` (a process started as that rank or a higher one,
 i.e. one that joins, sleeps that long before it starts Horovod: a slow start-up), ELASTIC_EPOCHS, ELASTIC_STEPS; the mode and its knobs from TFSYNC_* (hybrid: the
 npz also has ``groups``, the number of groups the cross-group exchange links at the end; every
-run its final ``learning_rate``). The optimizer is SGD at LEARNING_RATE."""
+run its final ``learning_rate``). The optimizer is SGD at LEARNING_RATE. A rank still running
+after STACKS_AFTER s (far beyond a job's 20-60 s) prints every thread's stack: a hang's trace."""
+import faulthandler
 import json
 import os
 import sys
@@ -19,6 +21,7 @@ import time
 import numpy as np
 
 FEATURES, CLASSES, PER_RANK_BATCH, LEARNING_RATE, ADD_WAIT = 8, 3, 16, 0.5, 4.0
+STACKS_AFTER = 150
 
 
 def data(rows=4096, seed=0):
@@ -29,6 +32,7 @@ def data(rows=4096, seed=0):
 
 
 def main():
+    faulthandler.dump_traceback_later(STACKS_AFTER, exit=False)
     import tensorflow as tf
     import horovod.tensorflow as hvd
     import tfsyncmodes
