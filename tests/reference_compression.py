@@ -71,9 +71,19 @@ def quantized_roundtrip(flat, compression, ratio=0.01, clip_sigma=6.0, chunk=0):
         indices = np.sort(indices)
         codes, lo, scale = quantize(flat[indices], bits, clip_sigma, chunk)
         dense = reference.topk_decompress(dequantize(codes, lo, scale, chunk), indices, flat.size)
-        return dense, pack(codes, bits).size + 8 * lo.size + 4 * indices.size
+        # Indices packed: a uint16 low part each, an int32 count per block of 2**16 entries.
+        return dense, pack(codes, bits).size + 8 * lo.size + 2 * indices.size + 4 * index_blocks(flat.size)
     codes, lo, scale = quantize(flat, bits, clip_sigma, chunk)
     return dequantize(codes, lo, scale, chunk), pack(codes, bits).size + 8 * lo.size
+
+
+def index_blocks(size):
+    return max(1, -(-size // 2 ** 16))
+
+
+def packed_indices(indices, size):
+    """Sorted indices as (low 16 bits, the count in each block of 2**16 entries)."""
+    return (indices % 2 ** 16).astype(np.uint16), np.bincount(indices // 2 ** 16, minlength=index_blocks(size))
 
 
 def warmup_ratio(step, ratio, warmup_steps, factor=0.25):

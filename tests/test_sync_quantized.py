@@ -36,7 +36,8 @@ def test_quantized_sync_steps_equal_numpy(tmp_path_factory, compression):
                                                 compression, RATIO)
     check_weights(workers[0], kernel, bias)
     k = int(np.ceil(RATIO * SIZE))
-    wire = SIZE + 8 if compression == "int8" else -(-k // 4) + 8 + 4 * k
+    # topk_int2: 2-bit codes, [lo, scale], a uint16 low part an index and one int32 block count.
+    wire = SIZE + 8 if compression == "int8" else -(-k // 4) + 8 + 2 * k + 4
     assert float(workers[0]["bytes_sent"]) == wire
 
 

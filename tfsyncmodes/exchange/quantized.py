@@ -1,7 +1,9 @@
 """The quantizing compressors: ``int8``, ``int4`` and ``int2`` send every entry as a packed
 code with a float32 (lo, scale) per chunk; ``topk_int8``, ``topk_int4`` and ``topk_int2`` send
-Top-K's int32 indices with its values quantized so (SparseLoCo: 1-3 % Top-K, 2-bit values,
-error feedback). The rule (μ ± kσ clipping, round half to even) is
+Top-K's indices packed with its values quantized so (SparseLoCo: 1-3 % Top-K, 2-bit values,
+error feedback, indices packed). An index is its low 16 bits (uint16) and the count of indices in
+each block of 65,536 entries (int32, one a block): 2 bytes an index instead of 4, exact at any
+size (the indices are sorted, so the counts give each one's block back). The rule (μ ± kσ clipping, round half to even) is
 :mod:`~tfsyncmodes.exchange.quantize`'s.
 
 Payloads of different ranks have different scales, so they cannot be summed by an allreduce
@@ -84,10 +86,33 @@ class Int2(Quantized):
 _VALUES = {cls.bits: cls for cls in (Int8, Int4, Int2)}  # a Top-K form's values, by bits
 
 
+INDEX_BLOCK = 2 ** 16  # entries per block of packed indices: a low part fits uint16
+
+
+def index_blocks(size: int) -> int:
+    """Blocks of INDEX_BLOCK entries in a tensor of `size` entries."""
+    return max(1, -(-size // INDEX_BLOCK))
+
+
+def pack_indices(indices: tf.Tensor, size: int):
+    """Sorted int32 `indices` as (uint16 low parts, int32 count per block)."""
+    blocks = index_blocks(size)
+    counts = tf.math.bincount(indices // INDEX_BLOCK, minlength=blocks, maxlength=blocks, dtype=tf.int32)
+    return tf.cast(indices % INDEX_BLOCK, tf.uint16), counts
+
+
+def unpack_indices(low: tf.Tensor, counts: tf.Tensor, size: int) -> tf.Tensor:
+    """The int32 indices of one or several ranks' concatenated packed indices."""
+    blocks = index_blocks(size)
+    block_ids = tf.tile(tf.range(blocks), [tf.size(counts) // blocks])
+    return tf.repeat(block_ids, counts) * INDEX_BLOCK + tf.cast(low, tf.int32)
+
+
 class QuantizedTopK(TopK):
-    """Top-K, its values quantized: payload (uint8 codes, float32 [lo, scale] per chunk, int32
-    indices in increasing order, the values in that order). The quantization error of the sent
-    entries and the unsent entries stay in the error feedback's residual."""
+    """Top-K, its values quantized: payload (uint8 codes, float32 [lo, scale] per chunk, the
+    indices in increasing order packed as uint16 low parts and int32 counts per block, the values
+    in that order). The quantization error of the sent entries and the unsent entries stay in the
+    error feedback's residual."""
 
     bits = 8
 
@@ -100,10 +125,11 @@ class QuantizedTopK(TopK):
         _, indices = self.selection.select(flat, k)
         indices = tf.sort(indices)  # the ops selection's order is arbitrary; chunks follow this one
         codes, lo_scale = self.values.compress(tf.gather(flat, indices), None)
-        return codes, lo_scale, indices
+        return (codes, lo_scale) + pack_indices(indices, int(flat.shape[0]))
 
     def decompress(self, payload, ctx):
-        codes, lo_scale, indices = payload
+        codes, lo_scale, low, counts = payload
+        indices = unpack_indices(low, counts, ctx.size)
 
         def with_k(k):
             values = quantize.decode(codes, lo_scale, self.bits, k, self.values.chunk)
@@ -111,10 +137,15 @@ class QuantizedTopK(TopK):
 
         return self.staged(ctx.size, with_k)
 
+    def sent_mask(self, payload, ctx):
+        indices = unpack_indices(payload[2], payload[3], ctx.size)
+        return self.selection.scatter(tf.ones(tf.shape(indices), tf.float32), indices, ctx.size)
+
     def payload_spec(self, ctx):
         k = self.k(ctx.size)
         return [(tf.uint8, [quantize.packed_size(k, self.bits)]),
-                (tf.float32, [2 * quantize.num_chunks(k, self.values.chunk)]), (tf.int32, [k])]
+                (tf.float32, [2 * quantize.num_chunks(k, self.values.chunk)]), (tf.uint16, [k]),
+                (tf.int32, [index_blocks(ctx.size)])]
 
 
 @COMPRESSORS.register("topk_int8")
