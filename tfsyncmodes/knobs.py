@@ -155,8 +155,8 @@ KNOBS: Tuple[Knob, ...] = (
          "across groups. none (float32), fp16 (half the bytes), topk (the topk_ratio largest "
          "entries as values + int32 indices, with error feedback), int8, int4, int2 (every entry "
          "as a code of that many bits, packed into bytes, with a float32 offset and scale; "
-         "allgathered), topk_int8, topk_int4, topk_int2 (topk with its values quantized so, "
-         "as SparseLoCo).", modes("sync", "hybrid")),
+         "allgathered), topk_int8, topk_int4, topk_int2 (topk with its values quantized so and "
+         "its indices packed in 2 bytes each, as SparseLoCo).", modes("sync", "hybrid")),
     Knob("topk_ratio", 0.01, Number(float, 1e-6, 1.0),
          "Fraction of entries a Top-K compression (topk, topk_int8, topk_int4, topk_int2) sends each step.",
          given("compression", *TOPK, modes=("sync", "hybrid"), text="compression=topk or topk_int*")),
