@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 
 from scripts.quietstart import import_tensorflow_quietly
 
@@ -55,7 +54,7 @@ import_tensorflow_quietly()
 from absl import app, flags  # noqa: E402
 
 from benchmarks import hybrid_flags, hybrid_report  # noqa: E402
-from benchmarks.benchlib import REPO, TRAIN, repo_env, run_ranks  # noqa: E402
+from benchmarks.benchlib import run_ranks, train_metrics  # noqa: E402
 from benchmarks.hybrid_flags import FLAGS  # noqa: E402
 from benchmarks.hybrid_worker import worker  # noqa: E402
 
@@ -95,28 +94,13 @@ def main(argv):
 def digits_accuracy():
     """(e): scripts/train.py on digits under horovodrun, no straggler: sync, then hybrid with
     --accuracy_config; each run's test accuracy from its metrics file."""
-    import tempfile
-
-    from tfsync_testbed import localrun
-
     knobs = json.loads(FLAGS.configs)[FLAGS.accuracy_config]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
     found = {"config": FLAGS.accuracy_config + (f" {json.dumps(knobs)}" if knobs else "")}
-    with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("sync", "hybrid"):
-            extra = [f"--sync_{k}={v}" for k, v in knobs.items()] if mode == "hybrid" else []
-            metrics = os.path.join(tmp, f"{mode}.json")
-            command = [sys.executable, TRAIN, f"--sync_mode={mode}", f"--epochs={FLAGS.accuracy_epochs}",
-                       f"--model_dir={os.path.join(tmp, mode)}", f"--metrics_file={metrics}"] + extra
-            if mode == "hybrid":
-                command.append("--sync_group_size=2")
-            result = localrun.run(localrun.horovodrun_command(FLAGS.np, command), timeout=1800,
-                                  env=repo_env(env, TF_CPP_MIN_LOG_LEVEL="2"), cwd=REPO)
-            if result.returncode != 0:
-                sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
-                sys.exit(f"bench_hybrid (e): the {mode} run failed with status {result.returncode}")
-            with open(metrics, encoding="utf-8") as handle:
-                found[mode] = json.load(handle)["test_accuracy"]
+    for mode in ("sync", "hybrid"):
+        extra = [f"--sync_{k}={v}" for k, v in knobs.items()] + ["--sync_group_size=2"] if mode == "hybrid" else []
+        metrics = train_metrics(f"bench_hybrid (e): the {mode} run", FLAGS.np,
+                                [f"--sync_mode={mode}", f"--epochs={FLAGS.accuracy_epochs}"] + extra, timeout=1800)
+        found[mode] = metrics["test_accuracy"]
     return found
 
 

@@ -75,3 +75,26 @@ def run_ranks(name: str, num_proc: int, module: str, flags: list, timeout: float
             sys.exit(f"{name}: the horovodrun job failed with status {result.returncode}")
         with open(out, encoding="utf-8") as handle:
             return json.load(handle)
+
+
+def train_metrics(name: str, num_proc: int, flags: list, timeout: float) -> dict:
+    """Runs ``scripts/train.py`` with `flags` under ``horovodrun -np num_proc`` (loopback only,
+    killed on timeout; a model directory and metrics file of its own) and returns the chief's
+    metrics. Exits with a message naming `name` if the job fails."""
+    import json
+    import tempfile
+
+    from tfsync_testbed import localrun
+
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = os.path.join(tmp, "metrics.json")
+        command = [sys.executable, TRAIN, f"--model_dir={os.path.join(tmp, 'run')}", f"--metrics_file={metrics}",
+                   *flags]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
+        result = localrun.run(localrun.horovodrun_command(num_proc, command), timeout=timeout,
+                              env=repo_env(env, TF_CPP_MIN_LOG_LEVEL="2"), cwd=REPO)
+        if result.returncode != 0:
+            sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
+            sys.exit(f"{name} failed with status {result.returncode}")
+        with open(metrics, encoding="utf-8") as handle:
+            return json.load(handle)

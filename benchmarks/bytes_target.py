@@ -20,12 +20,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
-import tempfile
 
 from absl import app, flags
 
-from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, replace_section, repo_env
+from benchmarks.benchlib import DOCS, bad_flag, replace_section, train_metrics
 
 HYBRID = ("--sync_group_size=1 --sync_cross_group=periodic --sync_period=4 --sync_compression=topk_int2 "
           "--sync_topk_ratio=0.01 --sync_outer_optimizer=nesterov")
@@ -50,22 +48,10 @@ def check() -> None:
 
 
 def run(mode: str, seed: int, extra: list) -> dict:
-    """One ``horovodrun`` job of ``scripts/train.py``: the chief's metrics file."""
-    from tfsync_testbed import localrun
-
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics = os.path.join(tmp, "metrics.json")
-        command = [sys.executable, TRAIN, f"--sync_mode={mode}", f"--epochs={FLAGS.epochs}", f"--seed={seed}",
-                   f"--hidden_units={FLAGS.hidden_units}", f"--model_dir={tmp}/run", f"--metrics_file={metrics}",
-                   *extra]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
-        result = localrun.run(localrun.horovodrun_command(FLAGS.ranks, command), timeout=900,
-                              env=repo_env(env, TF_CPP_MIN_LOG_LEVEL="2"), cwd=REPO)
-        if result.returncode != 0:
-            sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
-            sys.exit(f"{PROGRAM}: the {mode} run (seed {seed}) failed with status {result.returncode}")
-        with open(metrics, encoding="utf-8") as handle:
-            return json.load(handle)
+    """One ``horovodrun`` job of ``scripts/train.py``: the chief's metrics."""
+    return train_metrics(f"{PROGRAM}: the {mode} run (seed {seed})", FLAGS.ranks,
+                         [f"--sync_mode={mode}", f"--epochs={FLAGS.epochs}", f"--seed={seed}",
+                          f"--hidden_units={FLAGS.hidden_units}", *extra], timeout=900)
 
 
 def pair(seed: int, sync: dict, hybrid: dict) -> dict:
