@@ -55,46 +55,41 @@ def replace_section(path: str, name: str, text: str) -> None:
         handle.write(content)
 
 
-def run_ranks(name: str, num_proc: int, module: str, flags: list, timeout: float) -> object:
-    """Runs `module` (``python -m``) with `flags` as the ranks of one ``horovodrun -np num_proc``
-    job (loopback only, killed on timeout), passing ``--worker_out=FILE``, and returns the JSON
-    that rank 0 wrote there. Exits with a message naming benchmark `name` if the job fails."""
+def _horovod_job(name: str, num_proc: int, command: list, out: str, timeout: float) -> object:
+    """Runs `command` as the ranks of one ``horovodrun -np num_proc`` job (loopback only, killed on
+    timeout, no ``TFSYNC_*`` of this process) and returns the JSON the job wrote to `out`. Exits
+    with a message naming `name` if the job fails."""
     import json
-    import tempfile
 
     from tfsync_testbed import localrun
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
+    result = localrun.run(localrun.horovodrun_command(num_proc, command), timeout=timeout,
+                          env=repo_env(env, TF_CPP_MIN_LOG_LEVEL="2"), cwd=REPO)
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout[-3000:] + result.stderr[-5000:])
+        sys.exit(f"{name}: the horovodrun job failed with status {result.returncode}")
+    with open(out, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def run_ranks(name: str, num_proc: int, module: str, flags: list, timeout: float) -> object:
+    """Runs `module` (``python -m``) with `flags` as the ranks of one ``horovodrun -np num_proc``
+    job, passing ``--worker_out=FILE``, and returns the JSON that rank 0 wrote there."""
+    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "results.json")
-        command = module_command(module, f"--worker_out={out}", *flags)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
-        result = localrun.run(localrun.horovodrun_command(num_proc, command), timeout=timeout,
-                              env=repo_env(env, TF_CPP_MIN_LOG_LEVEL="2"), cwd=REPO)
-        if result.returncode != 0:
-            sys.stderr.write(result.stdout[-3000:] + result.stderr[-5000:])
-            sys.exit(f"{name}: the horovodrun job failed with status {result.returncode}")
-        with open(out, encoding="utf-8") as handle:
-            return json.load(handle)
+        return _horovod_job(name, num_proc, module_command(module, f"--worker_out={out}", *flags), out, timeout)
 
 
 def train_metrics(name: str, num_proc: int, flags: list, timeout: float) -> dict:
-    """Runs ``scripts/train.py`` with `flags` under ``horovodrun -np num_proc`` (loopback only,
-    killed on timeout; a model directory and metrics file of its own) and returns the chief's
-    metrics. Exits with a message naming `name` if the job fails."""
-    import json
+    """Runs ``scripts/train.py`` with `flags` under ``horovodrun -np num_proc`` (a model
+    directory and metrics file of its own) and returns the chief's metrics."""
     import tempfile
-
-    from tfsync_testbed import localrun
 
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.json")
         command = [sys.executable, TRAIN, f"--model_dir={os.path.join(tmp, 'run')}", f"--metrics_file={metrics}",
                    *flags]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TFSYNC_")}
-        result = localrun.run(localrun.horovodrun_command(num_proc, command), timeout=timeout,
-                              env=repo_env(env, TF_CPP_MIN_LOG_LEVEL="2"), cwd=REPO)
-        if result.returncode != 0:
-            sys.stderr.write(result.stdout[-3000:] + result.stderr[-3000:])
-            sys.exit(f"{name} failed with status {result.returncode}")
-        with open(metrics, encoding="utf-8") as handle:
-            return json.load(handle)
+        return _horovod_job(name, num_proc, command, metrics, timeout)
