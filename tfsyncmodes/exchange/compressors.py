@@ -134,8 +134,12 @@ class TopK(Compressor):
         values, indices = payload
         return self.selection.scatter(values, indices, ctx.size)
 
+    def sent_indices(self, payload, ctx) -> tf.Tensor:
+        """The int32 indices `payload` sent."""
+        return payload[-1]
+
     def sent_mask(self, payload, ctx):
-        indices = payload[-1]
+        indices = self.sent_indices(payload, ctx)
         return self.selection.scatter(tf.ones(tf.shape(indices), tf.float32), indices, ctx.size)
 
     def payload_spec(self, ctx):

@@ -128,8 +128,8 @@ class QuantizedTopK(TopK):
         return (codes, lo_scale) + pack_indices(indices, int(flat.shape[0]))
 
     def decompress(self, payload, ctx):
-        codes, lo_scale, low, counts = payload
-        indices = unpack_indices(low, counts, ctx.size)
+        codes, lo_scale = payload[:2]
+        indices = self.sent_indices(payload, ctx)
 
         def with_k(k):
             values = quantize.decode(codes, lo_scale, self.bits, k, self.values.chunk)
@@ -137,9 +137,8 @@ class QuantizedTopK(TopK):
 
         return self.staged(ctx.size, with_k)
 
-    def sent_mask(self, payload, ctx):
-        indices = unpack_indices(payload[2], payload[3], ctx.size)
-        return self.selection.scatter(tf.ones(tf.shape(indices), tf.float32), indices, ctx.size)
+    def sent_indices(self, payload, ctx):
+        return unpack_indices(payload[2], payload[3], ctx.size)
 
     def payload_spec(self, ctx):
         k = self.k(ctx.size)
