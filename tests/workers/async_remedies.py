@@ -33,7 +33,12 @@ from tests import reference
 
 LR, MOMENTUM = 0.1, 0.5
 ROUNDS = (0, 2, 1, 3, 2, 0, 4, 1)  # fresh updates landing while each stale step waits
-FIT_EPOCHS, FIT_STEPS, FIT_FEATURES, FIT_BATCH, HIST, FIT_BOUND = 2, 30, 64, 128, 64, 0
+FIT_EPOCHS, FIT_STEPS, FIT_FEATURES, FIT_BATCH, HIST, FIT_BOUND = 2, 60, 64, 512, 64, 0
+# The fit scenario's steps are heavier (FIT_HIDDEN units at FIT_BATCH rows) than the slowed
+# worker's running window (12.5 ms of every 50 ms, tfsyncmodes.faults.throttle_self), and there
+# are 120 of them: with 30 light steps a run once had none stale (a slowed step fitted inside
+# one running window), which the test needs some of; now 12 to 21 of 120 were, idle or loaded.
+FIT_HIDDEN = 2048
 FIT_LR = 2.0 ** -10  # exact in float32: the probe's value stays a whole number of steps
 
 
@@ -165,7 +170,7 @@ def fit(strategy, outdir):
     with strategy.scope():
         keras.utils.set_random_seed(3)
         probe = Probe()
-        layers = [keras.Input((FIT_FEATURES,)), probe, keras.layers.Dense(512, activation="relu"),
+        layers = [keras.Input((FIT_FEATURES,)), probe, keras.layers.Dense(FIT_HIDDEN, activation="relu"),
                   keras.layers.Dense(8)]
         model = Recorded(layers) if compat.LEGACY else keras.Sequential(layers)
         # Bound 0 here: every update another one overtook is dropped. The drop is the only
