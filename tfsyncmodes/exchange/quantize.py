@@ -22,7 +22,7 @@ Codes are packed little end first: ``8 / b`` codes per uint8, code j of a byte i
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 import tensorflow as tf
 
@@ -46,32 +46,38 @@ def num_chunks(count: int, chunk: int) -> int:
 
 
 def pack(codes: tf.Tensor, bits: int) -> tf.Tensor:
-    """uint8 bytes of 1-D `codes` (integers in [0, 2**bits)), ``8 / bits`` per byte."""
+    """uint8 bytes of 1-D `codes` (integers in [0, 2**bits)), ``8 / bits`` per byte. All in
+    uint8: the shifted codes of a byte have no bit in common, so their sum is exact."""
+    small = tf.cast(codes, tf.uint8)
     if bits == 8:
-        return tf.cast(codes, tf.uint8)
+        return small
     per_byte = 8 // bits
     count = int(codes.shape[0])
-    padded = tf.pad(tf.cast(codes, tf.int32), [[0, packed_size(count, bits) * per_byte - count]])
-    shifted = tf.bitwise.left_shift(tf.reshape(padded, [-1, per_byte]), tf.range(per_byte) * bits)
-    return tf.cast(tf.reduce_sum(shifted, axis=1), tf.uint8)
+    padded = tf.pad(small, [[0, packed_size(count, bits) * per_byte - count]])
+    shifts = tf.constant([bits * j for j in range(per_byte)], tf.uint8)
+    return tf.reduce_sum(tf.bitwise.left_shift(tf.reshape(padded, [-1, per_byte]), shifts), axis=1)
 
 
 def unpack(packed: tf.Tensor, bits: int, count: int) -> tf.Tensor:
-    """int32 codes [rows, count] of `packed` bytes [rows, packed_size(count, bits)]."""
+    """uint8 codes [rows, count] of `packed` bytes [rows, packed_size(count, bits)]."""
     if bits == 8:
-        return tf.cast(packed, tf.int32)[:, :count]
+        return packed[:, :count]
     per_byte = 8 // bits
-    wide = tf.cast(packed, tf.int32)[:, :, None]
-    codes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(wide, tf.range(per_byte) * bits), (1 << bits) - 1)
+    shifts = tf.constant([bits * j for j in range(per_byte)], tf.uint8)
+    codes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(packed[:, :, None], shifts),
+                                   tf.constant((1 << bits) - 1, tf.uint8))
     return tf.reshape(codes, [tf.shape(packed)[0], -1])[:, :count]
 
 
-def _chunked(flat: tf.Tensor, chunk: int) -> Tuple[tf.Tensor, tf.Tensor]:
-    """(flat padded to whole chunks as [chunks, width], mask of the real entries)."""
+def _chunked(flat: tf.Tensor, chunk: int) -> Tuple[tf.Tensor, Optional[tf.Tensor]]:
+    """(flat padded to whole chunks as [chunks, width], mask of the real entries or None when
+    there is no padding)."""
     count = int(flat.shape[0])
     chunks = num_chunks(count, chunk)
     width = chunk if chunks > 1 else count
     pad = chunks * width - count
+    if pad == 0:
+        return tf.reshape(flat, [chunks, width]), None
     mask = tf.reshape(tf.concat([tf.ones([count], tf.bool), tf.zeros([pad], tf.bool)], 0), [chunks, width])
     return tf.reshape(tf.pad(flat, [[0, pad]]), [chunks, width]), mask
 
@@ -79,14 +85,21 @@ def _chunked(flat: tf.Tensor, chunk: int) -> Tuple[tf.Tensor, tf.Tensor]:
 def ranges(flat: tf.Tensor, bits: int, clip_sigma: float, chunk: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """(lo, hi, scale) per chunk, float32 [chunks], of the rule above."""
     x, mask = _chunked(tf.cast(flat, tf.float32), chunk)
-    real = tf.cast(mask, tf.float64)
-    wide = tf.cast(x, tf.float64) * real
-    n = tf.reduce_sum(real, axis=1)
-    mean = tf.reduce_sum(wide, axis=1) / n
-    std = tf.sqrt(tf.reduce_sum(tf.square((wide - mean[:, None]) * real), axis=1) / n)
+    wide = tf.cast(x, tf.float64)
     big = tf.constant(float("inf"), tf.float32)
-    low = tf.reduce_min(tf.where(mask, x, big), axis=1)
-    high = tf.reduce_max(tf.where(mask, x, -big), axis=1)
+    if mask is None:  # whole chunks: no padding to leave out (one pass fewer for each moment)
+        n = tf.cast(tf.shape(x)[1], tf.float64)
+        mean = tf.reduce_sum(wide, axis=1) / n
+        std = tf.sqrt(tf.reduce_sum(tf.square(wide - mean[:, None]), axis=1) / n)
+        low, high = tf.reduce_min(x, axis=1), tf.reduce_max(x, axis=1)
+    else:
+        real = tf.cast(mask, tf.float64)
+        wide = wide * real
+        n = tf.reduce_sum(real, axis=1)
+        mean = tf.reduce_sum(wide, axis=1) / n
+        std = tf.sqrt(tf.reduce_sum(tf.square((wide - mean[:, None]) * real), axis=1) / n)
+        low = tf.reduce_min(tf.where(mask, x, big), axis=1)
+        high = tf.reduce_max(tf.where(mask, x, -big), axis=1)
     lo = tf.maximum(tf.cast(mean - clip_sigma * std, tf.float32), low)
     hi = tf.minimum(tf.cast(mean + clip_sigma * std, tf.float32), high)
     hi = tf.maximum(hi, lo)
@@ -102,16 +115,19 @@ def encode(flat: tf.Tensor, bits: int, clip_sigma: float, chunk: int) -> Tuple[t
     ratio = (tf.minimum(tf.maximum(x, lo[:, None]), hi[:, None]) - lo[:, None]) / safe[:, None]
     codes = tf.where((scale > 0)[:, None], tf.clip_by_value(tf.round(ratio), 0.0, float(2 ** bits - 1)), 0.0)
     codes = tf.reshape(codes, [-1])[:count]
-    return pack(tf.cast(codes, tf.int32), bits), tf.reshape(tf.stack([lo, scale], axis=1), [-1])
+    return pack(codes, bits), tf.reshape(tf.stack([lo, scale], axis=1), [-1])
 
 
 def decode(packed: tf.Tensor, lo_scale: tf.Tensor, bits: int, count: int, chunk: int) -> tf.Tensor:
     """float32 values [rows * count] of `rows` concatenated payloads (each `count` codes), row
-    after row."""
+    after row. Each chunk's lo and scale broadcast over its codes (no copy of them per entry)."""
     chunks = num_chunks(count, chunk)
     width = chunk if chunks > 1 else count
     rows_codes = unpack(tf.reshape(packed, [-1, packed_size(count, bits)]), bits, count)
+    pad = chunks * width - count
+    if pad:
+        rows_codes = tf.pad(rows_codes, [[0, 0], [0, pad]])
+    codes = tf.cast(tf.reshape(rows_codes, [-1, chunks, width]), tf.float32)
     pairs = tf.reshape(lo_scale, [-1, chunks, 2])
-    lo = tf.repeat(pairs[:, :, 0], width, axis=1)[:, :count]
-    scale = tf.repeat(pairs[:, :, 1], width, axis=1)[:, :count]
-    return tf.reshape(lo + tf.cast(rows_codes, tf.float32) * scale, [-1])
+    values = pairs[:, :, 0:1] + codes * pairs[:, :, 1:2]
+    return tf.reshape(tf.reshape(values, [-1, chunks * width])[:, :count], [-1])

@@ -1,0 +1,197 @@
+"""What each compressor costs against a dense training step, on one rank.
+
+    python -m benchmarks.compress_cost [--rounds=5] [--ranks=4] [--compressions=topk,int8,...]
+
+One process, no exchange: the digits MLP that ``benchmarks.bytes_target`` trains
+(``--hidden_units`` 1024: 1,126,410 parameters) and one real gradient of it on a digits
+batch, flattened as the exchange flattens the model. For every compression, built from its
+knobs by the library's recipe (``--sync_compression``, ``--sync_topk_ratio`` 0.01), three
+calls are timed, each one ``tf.function``:
+
+* ``compress + decompress``: one payload made and turned back into the dense update;
+* ``... of RANKS payloads``: the payload made, then RANKS payloads concatenated part by part
+  (what Horovod's allgather hands every rank) decompressed into their sum, as each rank does in
+  a RANKS-rank exchange;
+* the same with error feedback (the residual added before, and updated after).
+
+Against them, dense training steps of the same model (``train_on_batch``, Adam, no exchange)
+at two batch sizes: 16 (a rank's share of ``scripts/train.py``'s 64 at 4 ranks) and 64. The
+calls are interleaved in ``--rounds`` rounds (median of 15 calls each); a cell is the median
+over the rounds and their range. The target (#23): compress + decompress at most 0.10 of a
+dense step. Per training step the cost is the per-call cost over the steps between two
+exchanges (every step in sync mode; every ``--sync_period`` steps in hybrid's periodic
+exchange). JSON ``docs/compress_cost.json`` and a section of ``docs/BENCHMARKS.md``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+from absl import app, flags
+
+from benchmarks.benchlib import DOCS, bad_flag, replace_section
+
+COMPRESSIONS = ("topk", "int8", "int4", "int2", "topk_int8", "topk_int4", "topk_int2")
+BATCHES = (16, 64)
+TARGET = 0.10
+
+flags.DEFINE_list("compressions", list(COMPRESSIONS), "Compressions to time (--sync_compression values).")
+flags.DEFINE_integer("rounds", 5, "Interleaved rounds (median of 15 calls of each call per round).")
+flags.DEFINE_integer("ranks", 4, "Payloads decompressed together, as at this many ranks.")
+flags.DEFINE_integer("hidden_units", 1024, "The MLP's width (1024: 1,126,410 parameters).")
+flags.DEFINE_float("topk_ratio", 0.01, "--sync_topk_ratio of the Top-K compressions.")
+flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
+FLAGS = flags.FLAGS
+PROGRAM = "benchmarks.compress_cost"
+
+
+def check() -> None:
+    from tfsyncmodes import registry
+
+    for name in FLAGS.compressions:
+        if name not in registry.COMPRESSORS.names() or name == "none":
+            bad_flag(PROGRAM, "compressions", f"{name!r} is not a compression",
+                     "use some of " + ", ".join(n for n in registry.COMPRESSORS.names() if n != "none"))
+    for name in ("rounds", "ranks", "hidden_units"):
+        if FLAGS[name].value < 1:
+            bad_flag(PROGRAM, name, f"{FLAGS[name].value} is too small", "use 1 or more")
+    if not 0 < FLAGS.topk_ratio <= 1:
+        bad_flag(PROGRAM, "topk_ratio", f"{FLAGS.topk_ratio} is not a fraction", "use a number in (0, 1]")
+
+
+def calls() -> dict:
+    """name -> (function, args): every timed call, warm (traced and run twice)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfsyncmodes import config
+    from tfsyncmodes.exchange import recipes
+    from tfsyncmodes.exchange.flat import TensorContext, flatten
+    from tfsyncmodes.exchange.memory import default_memory
+    from tfsyncmodes.keras.compat import keras
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype("float32")
+    y = digits.target.astype("int32")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((x.shape[1],)),
+                              keras.layers.Dense(FLAGS.hidden_units, activation="relu"),
+                              keras.layers.Dense(FLAGS.hidden_units, activation="relu"),
+                              keras.layers.Dense(10)])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss)
+    with tf.GradientTape() as tape:
+        value = loss(y[:64], model(x[:64], training=True))
+    flat = flatten(tape.gradient(value, model.trainable_variables), model.trainable_variables)
+    ctx = TensorContext.of_variables(model.trainable_variables)
+    timed = {f"dense_step_{b}": (model.train_on_batch, (x[:b], y[:b])) for b in BATCHES}
+    for name in FLAGS.compressions:
+        knobs = config.resolve({"compression": name, "topk_ratio": FLAGS.topk_ratio}, environ={}, use_flags=False)
+        compressor = recipes.compressor(knobs)
+        memory = default_memory(compressor)
+        memory.build(ctx, lambda n, shape, dtype: tf.Variable(tf.zeros(shape, dtype), trainable=False))
+
+        def gathered(payload):
+            return tuple(tf.concat([part] * FLAGS.ranks, 0) for part in payload)
+
+        def one(update, compressor=compressor):
+            return compressor.decompress(compressor.compress(update, ctx), ctx)
+
+        def all_ranks(update, compressor=compressor):
+            return compressor.decompress(gathered(compressor.compress(update, ctx)), ctx)
+
+        def with_memory(update, compressor=compressor, memory=memory):
+            compensated = memory.compensate(update, ctx)
+            payload = compressor.compress(compensated, ctx)
+            remembered = memory.update(compensated, payload, compressor, ctx)
+            with tf.control_dependencies([remembered]):
+                return compressor.decompress(gathered(payload), ctx)
+
+        for kind, function in (("one", one), ("ranks", all_ranks), ("feedback", with_memory)):
+            timed[f"{name}.{kind}"] = (tf.function(function), (flat,))
+    timed["empty_call"] = (tf.function(lambda v: v[:1]), (flat,))
+    for function, args in timed.values():
+        function(*args)
+        function(*args)
+    timed["_parameters"] = int(model.count_params())
+    return timed
+
+
+def measure() -> dict:
+    import numpy as np
+
+    timed = calls()
+    parameters = timed.pop("_parameters")
+
+    def once(function, args):
+        started = time.perf_counter()
+        out = function(*args)
+        np.asarray(out[0] if isinstance(out, (tuple, list)) else out)
+        return time.perf_counter() - started
+
+    rounds = [{name: statistics.median(once(*timed[name]) for _ in range(15)) for name in timed}
+              for _ in range(FLAGS.rounds)]
+    return {"parameters": parameters, "ranks": FLAGS.ranks, "topk_ratio": FLAGS.topk_ratio,
+            "compressions": list(FLAGS.compressions), "rounds": rounds}
+
+
+def cell(rounds, name, over=None) -> tuple:
+    """(median, low, high) of `name` over the rounds, in ms, or as a ratio to `over` per round."""
+    values = [r[name] / r[over] if over else 1000 * r[name] for r in rounds]
+    return statistics.median(values), min(values), max(values)
+
+
+def fmt(triple, digits=3) -> str:
+    median, low, high = triple
+    return f"{median:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
+
+
+def write(results: dict) -> None:
+    os.makedirs(FLAGS.docs_dir, exist_ok=True)
+    with open(os.path.join(FLAGS.docs_dir, "compress_cost.json"), "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=1)
+    rounds, ranks = results["rounds"], results["ranks"]
+    lines = [f"## What each compressor costs: one rank, {results['parameters']:,} parameters", "",
+             f"`python -m benchmarks.compress_cost --rounds={len(rounds)}` — one process, no exchange: the digits "
+             f"MLP of `benchmarks.bytes_target` and one real gradient of it, flattened as the exchange flattens "
+             f"the model; each compression built by the library's recipe (Top-K ratio {results['topk_ratio']}), "
+             f"one `tf.function` call each. *{ranks} ranks*: the payload made, then {ranks} payloads concatenated "
+             f"as an allgather hands them over, decompressed into their sum (what each rank does in a {ranks}-rank "
+             "exchange); *error feedback*: the same with the residual added and updated. Dense step: one "
+             "`train_on_batch` (Adam, no exchange) at batch 16 (a rank's share of the trainer's 64 at 4 ranks) "
+             f"and 64. Interleaved in {len(rounds)} rounds, median of 15 calls each; cells: median over the "
+             "rounds [range]. Target: compress + decompress at most 0.10 of a dense step.", "",
+             f"Dense step: batch 16 {fmt(cell(rounds, 'dense_step_16'))} ms, batch 64 "
+             f"{fmt(cell(rounds, 'dense_step_64'))} ms; an empty `tf.function` call "
+             f"{fmt(cell(rounds, 'empty_call'))} ms (in every row).", "",
+             f"| compression | compress + decompress (ms) | / dense step, batch 16 | / dense step, batch 64 | "
+             f"{ranks} ranks (ms) | {ranks} ranks / step 16 | with error feedback (ms) | error feedback / step 16 | "
+             "per training step at period 4 / step 16 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in results["compressions"]:
+        feedback = cell(rounds, f"{name}.feedback", "dense_step_16")
+        lines.append(f"| `{name}` | {fmt(cell(rounds, f'{name}.one'))} | **{fmt(cell(rounds, f'{name}.one', 'dense_step_16'))}** | "
+                     f"{fmt(cell(rounds, f'{name}.one', 'dense_step_64'))} | {fmt(cell(rounds, f'{name}.ranks'))} | "
+                     f"{fmt(cell(rounds, f'{name}.ranks', 'dense_step_16'))} | {fmt(cell(rounds, f'{name}.feedback'))} | "
+                     f"{fmt(feedback)} | {feedback[0] / 4:.3f} |")
+    met = [n for n in results["compressions"] if cell(rounds, f"{n}.one", "dense_step_16")[2] <= TARGET]
+    missed = [n for n in results["compressions"] if n not in met]
+    lines += ["", f"Within 0.10 of the batch-16 step in every round: {', '.join(met) or 'none'}; "
+                  f"missed: {', '.join(missed) or 'none'}."]
+    replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), "compress_cost", "\n".join(lines) + "\n")
+
+
+def main(argv):
+    del argv
+    check()
+    results = measure()
+    write(results)
+    print(open(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), encoding="utf-8").read().split(
+        "<!-- bench:compress_cost:begin -->")[1].split("<!-- bench:compress_cost:end -->")[0])
+
+
+if __name__ == "__main__":
+    app.run(main)

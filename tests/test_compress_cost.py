@@ -1,0 +1,53 @@
+"""``python -m benchmarks.compress_cost``: a cell is the median over the rounds (of the ratio
+taken within each round) and their range; a small real run writes every compression's row from
+its own rounds, and judges the 0.10 target on the worst round; bad flags are one line, status 2."""
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from benchmarks import compress_cost
+from tests.conftest import PYTHON, REPO, clean_env
+
+
+def test_a_cell_is_the_median_of_each_rounds_own_ratio_and_its_range():
+    rounds = [{"a": 0.002, "step": 0.010}, {"a": 0.003, "step": 0.020}, {"a": 0.004, "step": 0.010}]
+    assert compress_cost.cell(rounds, "a") == pytest.approx((3.0, 2.0, 4.0))  # ms
+    # Per round 0.2, 0.15, 0.4: the median 0.2 (not 0.003 / 0.010, the ratio of the medians).
+    assert compress_cost.cell(rounds, "a", "step") == pytest.approx((0.2, 0.15, 0.4))
+    assert compress_cost.fmt((0.2, 0.15, 0.4)) == "0.200 [0.150-0.400]"
+
+
+def test_a_small_run_reports_every_compression_from_its_rounds(tmp_path):
+    (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\nkept\n")
+    result = subprocess.run([PYTHON, "-m", "benchmarks.compress_cost", "--rounds=2", "--hidden_units=16",
+                             "--compressions=int2,topk_int8", f"--docs_dir={tmp_path}"],
+                            capture_output=True, text=True, timeout=300, env=clean_env(), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / "compress_cost.json").read_text())
+    assert data["parameters"] == 64 * 16 + 16 + 16 * 16 + 16 + 16 * 10 + 10
+    assert len(data["rounds"]) == 2
+    names = {f"{c}.{k}" for c in ("int2", "topk_int8") for k in ("one", "ranks", "feedback")}
+    assert names | {"dense_step_16", "dense_step_64", "empty_call"} == set(data["rounds"][0])
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert text.startswith("# Benchmarks\n\nkept\n") and "<!-- bench:compress_cost:end -->" in text
+    for name in ("int2", "topk_int8"):
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
+        ratios = [r[f"{name}.one"] / r["dense_step_16"] for r in data["rounds"]]
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == f"**{np.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]**"
+        met = max(ratios) <= 0.10
+        verdict = next(line for line in text.splitlines() if line.startswith("Within 0.10"))
+        assert (name in verdict.split(";")[0]) == met, verdict
+
+
+@pytest.mark.parametrize("flag,words", [("--compressions=int3", "--compressions: 'int3' is not a compression"),
+                                        ("--rounds=0", "--rounds: 0 is too small"),
+                                        ("--topk_ratio=1.5", "--topk_ratio: 1.5 is not a fraction")])
+def test_a_bad_flag_is_one_line_and_status_2(tmp_path, flag, words):
+    result = subprocess.run([PYTHON, "-m", "benchmarks.compress_cost", flag, f"--docs_dir={tmp_path}"],
+                            capture_output=True, text=True, timeout=120, env=clean_env(), cwd=REPO)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []
