@@ -26,6 +26,7 @@ from absl import app, flags
 
 from benchmarks.benchlib import DOCS, REPO, bad_flag, module_command, replace_section, repo_env
 from benchmarks.linkrate import link_rate
+from benchmarks.multihost_report import hybrid_verdicts
 
 HYBRID_KNOBS = ("compression=topk", "topk_ratio=0.01", "cross_group=periodic", "period=3")
 flags.DEFINE_integer("steps", 20, "Steps per timed epoch.")
@@ -170,24 +171,6 @@ def main(argv):
                                         job_medians_ms=[round(1000 * statistics.median(j), 2) for j in jobs],
                                         **summary([t for j in jobs for t in j])))
     write(results)
-
-
-TARGET = 1.05  # hybrid's step across hosts over its one-host step (#23, at the 100 Mbit link)
-
-
-def hybrid_verdicts(results) -> list:
-    """Per link: hybrid's step over its one-host step, the median of each round's own ratio (the
-    round's two-host job over its one-host job) and their range, against :data:`TARGET`."""
-    one = next((r for r in results["rows"] if r["setting"] == "1 host" and r["mode"] == "hybrid"), None)
-    out = []
-    for row in results["rows"]:
-        if one is None or row["mode"] != "hybrid" or row["rate"] is None:
-            continue
-        ratios = [a / b for a, b in zip(row["job_medians_ms"], one["job_medians_ms"])]
-        met = "met" if max(ratios) <= TARGET else "missed"
-        out.append(f"- hybrid, {row['setting']}: step over its one-host step {statistics.median(ratios):.3f} "
-                   f"(each round: {', '.join(f'{r:.3f}' for r in ratios)}); target <= {TARGET} in every round: {met}")
-    return out
 
 
 def write(results):

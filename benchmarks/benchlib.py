@@ -93,3 +93,18 @@ def train_metrics(name: str, num_proc: int, flags: list, timeout: float) -> dict
         command = [sys.executable, TRAIN, f"--model_dir={os.path.join(tmp, 'run')}", f"--metrics_file={metrics}",
                    *flags]
         return _horovod_job(name, num_proc, command, metrics, timeout)
+
+
+def rounds_cell(rounds, name: str, over: Optional[str] = None) -> tuple:
+    """(median, low, high) of call `name`'s seconds over interleaved `rounds` ({call: seconds}
+    each), in ms; with `over`, of its ratio to call `over` taken within each round."""
+    import statistics
+
+    values = [r[name] / r[over] if over else 1000 * r[name] for r in rounds]
+    return statistics.median(values), min(values), max(values)
+
+
+def rounds_text(triple, digits: int = 3) -> str:
+    """A :func:`rounds_cell` as ``median [low-high]``."""
+    median, low, high = triple
+    return f"{median:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"

@@ -31,7 +31,7 @@ import time
 
 from absl import app, flags
 
-from benchmarks.benchlib import DOCS, bad_flag, replace_section
+from benchmarks.benchlib import DOCS, bad_flag, replace_section, rounds_cell, rounds_text
 
 COMPRESSIONS = ("topk", "int8", "int4", "int2", "topk_int8", "topk_int4", "topk_int2")
 BATCHES = (16, 64)
@@ -48,12 +48,12 @@ PROGRAM = "benchmarks.compress_cost"
 
 
 def check() -> None:
-    from tfsyncmodes import registry
-
+    """Bad flags: one line, status 2, before TensorFlow is imported (the names are this
+    benchmark's own list, so that no part of the library is imported to check them)."""
     for name in FLAGS.compressions:
-        if name not in registry.COMPRESSORS.names() or name == "none":
+        if name not in COMPRESSIONS + ("fp16",):
             bad_flag(PROGRAM, "compressions", f"{name!r} is not a compression",
-                     "use some of " + ", ".join(n for n in registry.COMPRESSORS.names() if n != "none"))
+                     "use some of " + ", ".join(COMPRESSIONS + ("fp16",)))
     for name in ("rounds", "ranks", "hidden_units"):
         if FLAGS[name].value < 1:
             bad_flag(PROGRAM, name, f"{FLAGS[name].value} is too small", "use 1 or more")
@@ -138,17 +138,6 @@ def measure() -> dict:
             "compressions": list(FLAGS.compressions), "rounds": rounds}
 
 
-def cell(rounds, name, over=None) -> tuple:
-    """(median, low, high) of `name` over the rounds, in ms, or as a ratio to `over` per round."""
-    values = [r[name] / r[over] if over else 1000 * r[name] for r in rounds]
-    return statistics.median(values), min(values), max(values)
-
-
-def fmt(triple, digits=3) -> str:
-    median, low, high = triple
-    return f"{median:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
-
-
 def write(results: dict) -> None:
     os.makedirs(FLAGS.docs_dir, exist_ok=True)
     with open(os.path.join(FLAGS.docs_dir, "compress_cost.json"), "w", encoding="utf-8") as handle:
@@ -164,20 +153,20 @@ def write(results: dict) -> None:
              "`train_on_batch` (Adam, no exchange) at batch 16 (a rank's share of the trainer's 64 at 4 ranks) "
              f"and 64. Interleaved in {len(rounds)} rounds, median of 15 calls each; cells: median over the "
              "rounds [range]. Target: compress + decompress at most 0.10 of a dense step.", "",
-             f"Dense step: batch 16 {fmt(cell(rounds, 'dense_step_16'))} ms, batch 64 "
-             f"{fmt(cell(rounds, 'dense_step_64'))} ms; an empty `tf.function` call "
-             f"{fmt(cell(rounds, 'empty_call'))} ms (in every row).", "",
+             f"Dense step: batch 16 {rounds_text(rounds_cell(rounds, 'dense_step_16'))} ms, batch 64 "
+             f"{rounds_text(rounds_cell(rounds, 'dense_step_64'))} ms; an empty `tf.function` call "
+             f"{rounds_text(rounds_cell(rounds, 'empty_call'))} ms (in every row).", "",
              f"| compression | compress + decompress (ms) | / dense step, batch 16 | / dense step, batch 64 | "
              f"{ranks} ranks (ms) | {ranks} ranks / step 16 | with error feedback (ms) | error feedback / step 16 | "
              "per training step at period 4 / step 16 |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in results["compressions"]:
-        feedback = cell(rounds, f"{name}.feedback", "dense_step_16")
-        lines.append(f"| `{name}` | {fmt(cell(rounds, f'{name}.one'))} | **{fmt(cell(rounds, f'{name}.one', 'dense_step_16'))}** | "
-                     f"{fmt(cell(rounds, f'{name}.one', 'dense_step_64'))} | {fmt(cell(rounds, f'{name}.ranks'))} | "
-                     f"{fmt(cell(rounds, f'{name}.ranks', 'dense_step_16'))} | {fmt(cell(rounds, f'{name}.feedback'))} | "
-                     f"{fmt(feedback)} | {feedback[0] / 4:.3f} |")
-    met = [n for n in results["compressions"] if cell(rounds, f"{n}.one", "dense_step_16")[2] <= TARGET]
+        feedback = rounds_cell(rounds, f"{name}.feedback", "dense_step_16")
+        lines.append(f"| `{name}` | {rounds_text(rounds_cell(rounds, f'{name}.one'))} | **{rounds_text(rounds_cell(rounds, f'{name}.one', 'dense_step_16'))}** | "
+                     f"{rounds_text(rounds_cell(rounds, f'{name}.one', 'dense_step_64'))} | {rounds_text(rounds_cell(rounds, f'{name}.ranks'))} | "
+                     f"{rounds_text(rounds_cell(rounds, f'{name}.ranks', 'dense_step_16'))} | {rounds_text(rounds_cell(rounds, f'{name}.feedback'))} | "
+                     f"{rounds_text(feedback)} | {feedback[0] / 4:.3f} |")
+    met = [n for n in results["compressions"] if rounds_cell(rounds, f"{n}.one", "dense_step_16")[2] <= TARGET]
     missed = [n for n in results["compressions"] if n not in met]
     lines += ["", f"Within 0.10 of the batch-16 step in every round: {', '.join(met) or 'none'}; "
                   f"missed: {', '.join(missed) or 'none'}."]
