@@ -66,6 +66,16 @@ def trainer_runs(cases, timeout=60):
     return dict(zip(names, results))
 
 
+def check_bad_benchmark_flag(module, flag, words, docs_dir):
+    """``python -m benchmarks.MODULE FLAG`` refuses it in one line naming `words`, with status
+    2, and writes nothing into `docs_dir`."""
+    result = subprocess.run([PYTHON, "-m", f"benchmarks.{module}", flag, f"--docs_dir={docs_dir}"],
+                            capture_output=True, text=True, timeout=120, env=clean_env(), cwd=REPO)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
+    assert list(docs_dir.iterdir()) == []
+
+
 def tf_config(cluster, task_type, index):
     return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 

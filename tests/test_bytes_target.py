@@ -2,12 +2,10 @@
 runs' metrics, the targets judged (1/400 of sync's bytes in every repeat, the median accuracy
 within 1 point of sync's), and
 bad flags refused in one line with status 2 before any job starts."""
-import subprocess
-
 import pytest
 
 from benchmarks import bytes_target
-from tests.conftest import PYTHON, REPO, clean_env
+from tests.conftest import check_bad_benchmark_flag
 
 PARAMS = 1_126_410
 
@@ -61,8 +59,4 @@ def test_the_section_shows_each_repeat_as_a_fraction_and_points():
                                         ("--ranks=1", "--ranks: 1 is too small"),
                                         ("--hybrid_flags=--sync_mode=sync", "--hybrid_flags: sets --sync_mode")])
 def test_a_bad_flag_is_one_line_and_status_2(tmp_path, flag, words):
-    result = subprocess.run([PYTHON, "-m", "benchmarks.bytes_target", flag, f"--docs_dir={tmp_path}"],
-                            capture_output=True, text=True, timeout=120, env=clean_env(), cwd=REPO)
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
-    assert list(tmp_path.iterdir()) == []
+    check_bad_benchmark_flag("bytes_target", flag, words, tmp_path)
