@@ -61,8 +61,9 @@ def check() -> None:
         bad_flag(PROGRAM, "topk_ratio", f"{FLAGS.topk_ratio} is not a fraction", "use a number in (0, 1]")
 
 
-def calls() -> dict:
-    """name -> (function, args): every timed call, warm (traced and run twice)."""
+def calls() -> tuple:
+    """({name: (function, args)}, the model's parameters): every timed call, warm (traced and
+    run twice)."""
     import numpy as np
     import tensorflow as tf
 
@@ -116,15 +117,13 @@ def calls() -> dict:
     for function, args in timed.values():
         function(*args)
         function(*args)
-    timed["_parameters"] = int(model.count_params())
-    return timed
+    return timed, int(model.count_params())
 
 
 def measure() -> dict:
     import numpy as np
 
-    timed = calls()
-    parameters = timed.pop("_parameters")
+    timed, parameters = calls()
 
     def once(function, args):
         started = time.perf_counter()
@@ -160,11 +159,14 @@ def write(results: dict) -> None:
              f"{ranks} ranks (ms) | {ranks} ranks / step 16 | with error feedback (ms) | error feedback / step 16 | "
              "per training step at period 4 / step 16 |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    def text(name, over=None):
+        return rounds_text(rounds_cell(rounds, name, over))
+
     for name in results["compressions"]:
         feedback = rounds_cell(rounds, f"{name}.feedback", "dense_step_16")
-        lines.append(f"| `{name}` | {rounds_text(rounds_cell(rounds, f'{name}.one'))} | **{rounds_text(rounds_cell(rounds, f'{name}.one', 'dense_step_16'))}** | "
-                     f"{rounds_text(rounds_cell(rounds, f'{name}.one', 'dense_step_64'))} | {rounds_text(rounds_cell(rounds, f'{name}.ranks'))} | "
-                     f"{rounds_text(rounds_cell(rounds, f'{name}.ranks', 'dense_step_16'))} | {rounds_text(rounds_cell(rounds, f'{name}.feedback'))} | "
+        lines.append(f"| `{name}` | {text(f'{name}.one')} | **{text(f'{name}.one', 'dense_step_16')}** | "
+                     f"{text(f'{name}.one', 'dense_step_64')} | {text(f'{name}.ranks')} | "
+                     f"{text(f'{name}.ranks', 'dense_step_16')} | {text(f'{name}.feedback')} | "
                      f"{rounds_text(feedback)} | {feedback[0] / 4:.3f} |")
     met = [n for n in results["compressions"] if rounds_cell(rounds, f"{n}.one", "dense_step_16")[2] <= TARGET]
     missed = [n for n in results["compressions"] if n not in met]
