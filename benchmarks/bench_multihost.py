@@ -213,7 +213,7 @@ def write(results):
             hybrid_text = f"hybrid {hybrid_gap:+.1f} ms ({1 - hybrid_gap / sync_gap:.0%} of sync's gap closed)"
         gaps.append(f"{rate}: sync {sync_gap:+.1f} ms, {hybrid_text}; sync's step over hybrid's on this "
                     f"link {rows['sync'] / rows['hybrid']:.2f}")
-    lines += [""] + [line for line in hybrid_verdicts(results)]
+    lines += [""] + hybrid_verdicts(results)
     if gaps:
         lines += ["", "Cross-host cost per step (median, the same mode on one host subtracted): " + "; ".join(gaps) + "."]
     lines += ["",
