@@ -140,6 +140,29 @@ def test_the_warm_interpreters_program_dies_with_its_client(signum):
         client.wait()
 
 
+@pytest.mark.skipif(WARM_DIR is None, reason="TFSYNCMODES_TEST_COLD=1: the tests run without it")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_client_whose_program_is_killed_dies_of_the_same_signal(signum):
+    """The program killed by a signal sent to it, not to the client (as the chaos runs kill a
+    rank): the client dies of that signal too, with no traceback of its own. SIGKILL's
+    handler cannot be reset, and once the client tried: OSError, and exit status 1."""
+    _wait_for_warm_servers()
+    client = subprocess.Popen([PYTHON, os.path.join(WORKERS, "warm_program.py"), "hold", "60"],
+                              env=clean_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        assert client.stdout.readline().startswith("argv")
+        program = int(client.stdout.readline().split()[1])
+        assert program != client.pid
+        os.kill(program, signum)
+        assert client.wait(timeout=10) == -signum
+        assert "Traceback" not in client.stderr.read()
+    finally:
+        client.kill()
+        client.wait()
+
+
 SOLO_TESTS = '''
 import os, time
 import pytest

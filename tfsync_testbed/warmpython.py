@@ -129,7 +129,8 @@ def client(directory: str, args) -> None:
     line = reader.readline()
     status = int(line) if line.strip() else 1
     if status < 0:  # killed by a signal: die of it too, as the program did
-        signal.signal(-status, signal.SIG_DFL)
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # these two have no handler to reset
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     os._exit(status)
 
