@@ -85,21 +85,19 @@ def _chunked(flat: tf.Tensor, chunk: int) -> Tuple[tf.Tensor, Optional[tf.Tensor
 def ranges(flat: tf.Tensor, bits: int, clip_sigma: float, chunk: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """(lo, hi, scale) per chunk, float32 [chunks], of the rule above."""
     x, mask = _chunked(tf.cast(flat, tf.float32), chunk)
-    wide = tf.cast(x, tf.float64)
+    # Whole chunks have no padding to leave out: no mask, one pass fewer for each moment.
+    real = None if mask is None else tf.cast(mask, tf.float64)
+
+    def real_only(values):
+        return values if real is None else values * real
+
+    wide = real_only(tf.cast(x, tf.float64))
+    n = tf.cast(tf.shape(x)[1], tf.float64) if real is None else tf.reduce_sum(real, axis=1)
+    mean = tf.reduce_sum(wide, axis=1) / n
+    std = tf.sqrt(tf.reduce_sum(tf.square(real_only(wide - mean[:, None])), axis=1) / n)
     big = tf.constant(float("inf"), tf.float32)
-    if mask is None:  # whole chunks: no padding to leave out (one pass fewer for each moment)
-        n = tf.cast(tf.shape(x)[1], tf.float64)
-        mean = tf.reduce_sum(wide, axis=1) / n
-        std = tf.sqrt(tf.reduce_sum(tf.square(wide - mean[:, None]), axis=1) / n)
-        low, high = tf.reduce_min(x, axis=1), tf.reduce_max(x, axis=1)
-    else:
-        real = tf.cast(mask, tf.float64)
-        wide = wide * real
-        n = tf.reduce_sum(real, axis=1)
-        mean = tf.reduce_sum(wide, axis=1) / n
-        std = tf.sqrt(tf.reduce_sum(tf.square((wide - mean[:, None]) * real), axis=1) / n)
-        low = tf.reduce_min(tf.where(mask, x, big), axis=1)
-        high = tf.reduce_max(tf.where(mask, x, -big), axis=1)
+    low = tf.reduce_min(x if mask is None else tf.where(mask, x, big), axis=1)
+    high = tf.reduce_max(x if mask is None else tf.where(mask, x, -big), axis=1)
     lo = tf.maximum(tf.cast(mean - clip_sigma * std, tf.float32), low)
     hi = tf.minimum(tf.cast(mean + clip_sigma * std, tf.float32), high)
     hi = tf.maximum(hi, lo)
