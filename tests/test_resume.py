@@ -105,8 +105,10 @@ def epoch_losses(output):
 def check_resumed(resumed, first_losses, completed, epochs, steps_per_epoch):
     assert resumed["epochs_run"] == list(range(completed, epochs))  # right after the last completed one
     assert resumed["steps"] == epochs * steps_per_epoch  # the optimizer's count came back too
-    # The loss goes on from where it was, not from a fresh model's.
-    assert resumed["losses"][0] < first_losses[0] / 2, (first_losses, resumed["losses"])
+    # The loss goes on from where it was, not from a fresh model's: a fresh model's first epoch
+    # is the first run's own (ratio 1); resumed ones measured 0.50 of it in async (2.187 -> 1.097,
+    # which a bound of one half failed), so the bound sits between the two.
+    assert resumed["losses"][0] < 0.75 * first_losses[0], (first_losses, resumed["losses"])
     assert resumed["losses"][0] < 2 * first_losses[-1] + 0.05, (first_losses, resumed["losses"])
 
 
