@@ -76,12 +76,26 @@ def check() -> None:
         bad("batch_size", f"{FLAGS.batch_size} does not split over {FLAGS.ranks} ranks", f"use a multiple of {FLAGS.ranks}")
     if not (math.isfinite(FLAGS.pareto_alpha) and FLAGS.pareto_alpha > 1):
         bad("pareto_alpha", f"{FLAGS.pareto_alpha} is not accepted", "use a number > 1, e.g. 2")
+    try:
+        seed_of(FLAGS.extra_flags)
+    except ValueError:
+        bad("extra_flags", "its --seed is not a whole number", "use e.g. --extra_flags='--seed=1'")
 
 
 def hosts_layout(ranks: int) -> list:
     """Ranks per host: two per host, at least two hosts."""
     hosts = max(2, ranks // 2)
     return [ranks // hosts] * hosts
+
+
+def seed_of(extra_flags: str) -> int:
+    """The trainer's --seed among `extra_flags` (its default, 0, if none): it seeds the emulated
+    compute's draws too, which the cost model replays."""
+    seed = 0
+    for flag in extra_flags.split():
+        if flag.startswith("--seed="):
+            seed = int(flag.split("=", 1)[1])
+    return seed
 
 
 def train_flags(mode: str, condition: str, work: str) -> list:
@@ -274,7 +288,7 @@ def write(runs: dict, measured: float) -> None:
               "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link), 1),
               "emulated_step_ms": cal.EMU_STEP_MS, "hybrid_exchange": "slices", "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
               "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
-              "pareto_alpha": FLAGS.pareto_alpha,
+              "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
                                                                       FLAGS.ranks, FLAGS.link)),
               "async_on": "namespaces: the chief and the ps on a host of their own, shaped alike", "rows": rows,

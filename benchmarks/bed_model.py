@@ -10,7 +10,8 @@ a fitted per-step overhead, gradients of ``emulated_parameters() * 4`` bytes, th
 (async: the same where the file says it ran across the namespaces, else loopback,
 ``--loopback_gbit``), hybrid's period and local steps at the trainer's defaults, hybrid's average
 in slices where the file says so, one ps. persistent = rank 1 four times slower; heavy =
-Pareto(``pareto_alpha``) factors of mean 1; transient = four times slower from F to E seconds after the first step
+Pareto(``pareto_alpha``) factors of mean 1, the very factors the bed's ranks drew in the measured
+epochs (:func:`run_delays`; ``--noreplay_draws``: drawn afresh); transient = four times slower from F to E seconds after the first step
 (``transient_window_s``): samples go at r_fast before F and after E and at r_slow between, and
 the rate is the one over the epochs after the first, as measured (older files: slow
 in the middle third of the steps, the time-weighted mix; exact for sync, an approximation for
@@ -31,6 +32,7 @@ section of BENCHMARKS.md there.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -54,6 +56,7 @@ class Settings:
     fixed_alpha_us: float = 50.0
     loopback_gbit: float = 10.0
     batch_size: int = 64
+    replay_draws: bool = True
 
 
 DEFAULT = Settings()
@@ -62,6 +65,8 @@ flags.DEFINE_float("fixed_alpha_us", DEFAULT.fixed_alpha_us, "α (microseconds) 
                    "span two N (the cost model's default latency).")
 flags.DEFINE_float("loopback_gbit", DEFAULT.loopback_gbit, "The unshaped link inside a host and async's loopback, Gbit/s.")
 flags.DEFINE_integer("batch_size", DEFAULT.batch_size, "The bed's --batch_size (the global batch of a sync step).")
+flags.DEFINE_bool("replay_draws", DEFAULT.replay_draws, "Heavy rows: replay the Pareto factors the bed's ranks drew "
+                  "over the measured epochs (seeded by --seed, rank and step) instead of drawing afresh.")
 FLAGS = flags.FLAGS
 NAME = "benchmarks.bed_model"
 
@@ -136,6 +141,26 @@ def transient_rate(bed: dict, slow: float, fast: float, settings: Settings = DEF
     return measured_samples(bed, settings) / (seconds_at(epoch * bed["epochs"]) - seconds_at(epoch))
 
 
+@functools.lru_cache(maxsize=None)
+def _drawn(alpha: float, seed: int, ranks: int, first: int, end: int) -> np.ndarray:
+    from tfsyncmodes.examples.emulated_compute import jitter_factors  # TensorFlow: only for heavy rows
+
+    return np.stack([jitter_factors(f"pareto:{alpha:g}", seed, rank, end)[first:] for rank in range(ranks)], axis=1)
+
+
+def run_delays(bed: dict, condition: str, settings: Settings = DEFAULT) -> Optional[np.ndarray]:
+    """(steps, ranks): the Pareto factors a heavy row's ranks drew in the steps its measured rate
+    spans (the epochs after the first). The trainer seeds each draw by (``--seed``, rank, step),
+    so every run of a file drew the same ones; a short run's draws of a tail without a finite
+    variance can sit far from the distribution's expectations. None: nothing to replay (another
+    condition, real compute, or ``replay_draws`` off)."""
+    if condition != "heavy" or not emulated(bed) or not settings.replay_draws:
+        return None
+    steps = cal.TRAIN_SAMPLES // settings.batch_size
+    return _drawn(float(bed.get("pareto_alpha", 2.0)), int(bed.get("seed", 0)), bed["ranks"], steps,
+                  steps * bed["epochs"])
+
+
 def async_across(bed: dict) -> bool:
     """Whether the file's async runs crossed the namespaces' shaped links (else loopback)."""
     return str(bed.get("async_on", "")).startswith("namespaces")
@@ -162,7 +187,8 @@ def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
 def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
             settings: Settings = DEFAULT, hybrid_s: float = 0.0, efficiency: float = 1.0) -> float:
     """Predicted samples/s of one row."""
-    rate = costs.predict(job(bed, mode, condition, alpha_s, overhead_s, settings, hybrid_s, efficiency))[mode]
+    rate = costs.predict(job(bed, mode, condition, alpha_s, overhead_s, settings, hybrid_s, efficiency),
+                         run_delays(bed, condition, settings))[mode]
     if condition != "transient":
         return rate
     fast = costs.predict(job(bed, mode, "none", alpha_s, overhead_s, settings, hybrid_s, efficiency))[mode]
@@ -213,7 +239,9 @@ def sync_point(bed: dict, row: dict, settings: Settings = DEFAULT) -> Optional[t
     def wait(condition):
         if not emulated(bed):
             return 0.0
-        return float(costs.compute_seconds(job(bed, "sync", condition, 0.0, 0.0, settings)).max(axis=1).mean())
+        times = costs.compute_seconds(job(bed, "sync", condition, 0.0, 0.0, settings),
+                                      delays=run_delays(bed, condition, settings))
+        return float(times.max(axis=1).mean())
 
     waits = wait(row["straggler"])
     if row["straggler"] == "transient":  # the share of its steps sync ran slowed
@@ -250,7 +278,8 @@ def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> Li
     return rows
 
 
-def render(rows: List[dict], constants: dict, tolerance: float, paths: List[str]) -> str:
+def render(rows: List[dict], constants: dict, settings: Settings, paths: List[str]) -> str:
+    tolerance = settings.tolerance
     fitted = (f"α = {constants['alpha_s'] * 1e6:.1f} us per ring hop, per-step overhead = "
               f"{constants['overhead_s'] * 1e3:.1f} ms, a collective gets {constants.get('efficiency', 1.0):.2f} of "
               f"the measured link rate ({constants['note']}"
@@ -268,7 +297,10 @@ def render(rows: List[dict], constants: dict, tolerance: float, paths: List[str]
              f"`python -m benchmarks.bed_model {' '.join(os.path.basename(p) for p in paths)}` — "
              f"costs.Job of each row as the bed ran it (benchmarks/bed_model.py); {fitted}. Rows marked fit "
              "gave the constants; the others are validation. Async ran across the namespaces in files that say "
-             "so, else on loopback, unshaped. Measured: "
+             "so, else on loopback, unshaped. "
+             + ("Heavy rows replay the Pareto factors the bed's ranks drew in the measured epochs (seeded by "
+                "seed, rank and step); " if settings.replay_draws else "Heavy rows draw the Pareto factors afresh; ")
+             + "Measured: "
              "the steady rate (after the first epoch) where the bed recorded it, else the whole run's (*).", "",
              f"Within {tolerance:.0%}: {sum(r['within'] for r in checked)} of the {len(checked)} validation rows "
              f"({per_mode}).", "",
@@ -294,7 +326,7 @@ def run(paths: List[str], settings: Settings = DEFAULT) -> str:
                     [p[2] for p in points], [p[3] for p in points])
     constants["hybrid_s"] = fit_hybrid(beds, constants, settings)
     rows = table(beds, constants, settings)
-    text = render(rows, constants, settings.tolerance, paths)
+    text = render(rows, constants, settings, paths)
     folder = os.path.dirname(os.path.abspath(paths[0]))
     with open(os.path.join(folder, "bed_model.json"), "w", encoding="utf-8") as handle:
         json.dump({"inputs": [os.path.basename(p) for p in paths], "tolerance": settings.tolerance,
@@ -305,7 +337,8 @@ def run(paths: List[str], settings: Settings = DEFAULT) -> str:
 
 def main(argv):
     try:
-        settings = Settings(FLAGS.tolerance, FLAGS.fixed_alpha_us, FLAGS.loopback_gbit, FLAGS.batch_size)
+        settings = Settings(FLAGS.tolerance, FLAGS.fixed_alpha_us, FLAGS.loopback_gbit, FLAGS.batch_size,
+                            FLAGS.replay_draws)
         print(run(argv[1:], settings), end="")
     except BadInput as error:
         sys.stderr.write(f"{NAME}: error: {error}\n")

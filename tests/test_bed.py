@@ -43,6 +43,7 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     row, across, chosen = data["rows"]
     assert (row["mode"], across["mode"], chosen["mode"]) == ("sync", "async", "auto")
     assert data["async_on"].startswith("namespaces")
+    assert (data["seed"], data["extra_flags"]) == (0, "")  # what the cost model replays the draws with
     # Every step waits 50 ms and allreduces 340 KB over the shaped link (1 * 340,008 B at
     # 13.4 Mbit/s = 203 ms for 2 ranks): the run cannot beat that, whatever the cores do.
     comm = cal.ring_comm_seconds(2, "1gbit")
@@ -70,6 +71,7 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     ("bed", "--modes=fast", "flag: --modes: 'fast' is not a mode of the bed"),
     ("bed", "--render=nothing.json", "flag: --render: nothing.json is not a bed run's JSON (FileNotFoundError"),
     ("bed", "--pareto_alpha=1", "flag: --pareto_alpha: 1.0 is not accepted"),
+    ("bed", "--extra_flags=--seed=one", "flag: --extra_flags: its --seed is not a whole number"),
     ("breakeven", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
     ("breakeven", "--ratios=0.5,2", "flag: --ratios: '2' is not a ratio"),
     ("breakeven", "--ratios=half", "flag: --ratios: 'half' is not a ratio"),

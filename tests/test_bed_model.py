@@ -217,3 +217,34 @@ def test_a_sync_row_is_a_fit_point_of_its_step_less_waits_with_its_bytes_term_ap
     assert (hops, y, step, bytes_term) == (6, pytest.approx(want, rel=1e-9), pytest.approx(64 / 300.0),
                                            pytest.approx(data))
     assert bed_model.sync_point(small, {"straggler": "none", "mode": "hybrid", "samples_per_s": 1.0}) is None
+
+
+def pareto_draws(alpha, seed, ranks, steps):
+    """What the trainer's emulated compute draws, as its doc says: TensorFlow's stateless uniform
+    U seeded by (seed, rank * 2**32 + step), then the Pareto of mean 1, (a-1)/a * (1-U)^(-1/a)."""
+    import tensorflow as tf
+
+    out = np.empty((steps, ranks))
+    for rank in range(ranks):
+        for step in range(steps):
+            key = tf.constant([seed, rank * (1 << 32) + step], tf.int64)
+            u = float(tf.random.stateless_uniform([], seed=key, dtype=tf.float64))
+            out[step, rank] = (alpha - 1) / alpha * (1 - u) ** (-1 / alpha)
+    return out
+
+
+def test_a_heavy_row_replays_the_draws_of_the_measured_epochs_and_sync_waits_for_each_steps_largest():
+    small = dict(bed(), seed=5)  # 3 epochs of 22 steps: the measured rate spans steps 22-65
+    draws = pareto_draws(2.0, 5, 4, 66)[22:]
+    assert bed_model.run_delays(small, "heavy") == pytest.approx(draws, rel=1e-12)
+    want = 64 / ((WAIT * draws).max(axis=1).mean() + OVERHEAD + ring(4, MBIT * 1e6))
+    assert bed_model.predict(small, "sync", "heavy", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
+    # drawn afresh instead: the distribution's expectation, not this run's
+    fresh = bed_model.predict(small, "sync", "heavy", ALPHA, OVERHEAD, bed_model.Settings(replay_draws=False))
+    assert fresh == pytest.approx(costs.predict(bed_model.job(small, "sync", "heavy", ALPHA, OVERHEAD))["sync"])
+    assert abs(fresh / want - 1) > 0.01
+    for condition in ("none", "persistent", "transient"):
+        assert bed_model.run_delays(small, condition) is None
+    # the fit's sync point of a heavy row takes the same waits
+    point = bed_model.sync_point(small, {"mode": "sync", "straggler": "heavy", "samples_per_s": 100.0})
+    assert point[1] == pytest.approx(64 / 100.0 - (WAIT * draws).max(axis=1).mean(), rel=1e-12)

@@ -145,3 +145,23 @@ def test_advise_prints_each_mode_and_the_pick_and_bad_input_is_one_line():
     errors = [l for l in bad.stderr.splitlines() if l.startswith("tfsyncmodes: error:")]
     assert errors == ["tfsyncmodes: error: flag: --ranks_per_host: ranks_per_host=3 is not accepted; "
                       "use a divisor of ranks"], bad.stderr
+
+
+def test_a_replayed_trace_of_delays_is_priced_as_it_was_drawn_and_a_bad_one_is_refused():
+    """`delays`: the per-step factors one run drew, in place of fresh draws: sync waits each
+    step for that step's largest, an async worker runs at its own mean, hybrid's groups of a
+    host at their own largest."""
+    rng = np.random.default_rng(3)
+    trace = 0.5 + rng.random((40, 8)) * 3  # (steps, ranks), any positive factors
+    flat = job(ranks=8, ranks_per_host=1, local_steps="fixed", period=4)
+    got = costs.predict(flat, trace)
+    step = (T * trace).max(axis=1).mean() + ring(8, GBIT)
+    assert got["sync"] == pytest.approx(8 * BATCH / step, rel=1e-12)
+    per_update = 2 * B * 8 / (GBIT * 1e9) + 2 * ALPHA
+    assert got["async"] == pytest.approx(BATCH * (1 / ((T * trace).mean(axis=0) + per_update)).sum(), rel=1e-12)
+    rounds = (T * trace).reshape(10, 4, 8).sum(axis=1).max(axis=1).mean()  # 10 rounds of 4 steps, slowest host
+    assert got["hybrid"] == pytest.approx(8 * BATCH * 4 / (rounds + ring(8, GBIT)), rel=1e-12)
+    assert got != costs.predict(flat)  # not the distribution's (no tail: every factor 1)
+    for bad in (trace[:, :7], trace[0], trace[:0], -trace):
+        with pytest.raises(ValueError, match=r"delays of shape .*: use a \(steps, 8\) array of factors > 0"):
+            costs.predict(flat, bad)

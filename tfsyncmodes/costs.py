@@ -9,7 +9,8 @@ What a step costs, for ``ranks`` ranks of which ``ranks_per_host`` share a host:
   median, a few much longer), or Pareto with shape ``pareto_alpha`` > 1 and scale
   ``(alpha - 1) / alpha`` (heavier: infinite variance at alpha <= 2), and ``overhead_ms`` a
   fixed per-step cost that neither scales (the framework's own work around the compute).
-  Expectations over X are taken by Monte Carlo with a fixed seed.
+  Expectations over X are taken by Monte Carlo with a fixed seed, or over the factors one run
+  drew (``delays``: a trace), to check the model against that run.
 - **Collectives** (α–β, Hockney's model): a ring allreduce of B bytes over n members moves
   ``2 (n-1)/n * B`` bytes through each member's link and pays ``2 (n-1)`` latencies α. A ring
   that crosses hosts runs at the slower of the two links.
@@ -114,13 +115,19 @@ def _allgather_seconds(members: int, size: float, gbit: float, latency_s: float)
     return (members - 1) * latency_s + (members - 1) / members * size * 8 / (gbit * 1e9)
 
 
-def compute_seconds(job: Job, steps: int = SAMPLES, seed: int = SEED) -> np.ndarray:
+def compute_seconds(job: Job, steps: int = SAMPLES, seed: int = SEED, delays=None) -> np.ndarray:
     """(steps, ranks) compute times: the median step, rank 0's persistent factor, a per-step
-    delay of mean 1 (lognormal or Pareto), plus the fixed overhead."""
+    delay of mean 1 (lognormal or Pareto), plus the fixed overhead. `delays`: a (steps, ranks)
+    array of the per-step factors one run drew, replayed instead of drawn afresh (a trace)."""
     rng = np.random.default_rng(seed)
     base = np.full(job.ranks, job.step_ms / 1e3)
     base[0] *= job.straggler
     overhead = job.overhead_ms / 1e3
+    if delays is not None:
+        delays = np.asarray(delays, dtype=float)
+        if delays.ndim != 2 or delays.shape[1] != job.ranks or not len(delays) or not (delays > 0).all():
+            raise ValueError(f"delays of shape {delays.shape}: use a (steps, {job.ranks}) array of factors > 0")
+        return base * delays + overhead
     if job.tail_sigma > 0:
         sigma = job.tail_sigma
         delay = rng.lognormal(-sigma * sigma / 2, sigma, size=(steps, job.ranks))  # mean 1
@@ -136,9 +143,10 @@ def _cross_host_gbit(job: Job) -> float:
     return min(job.link_gbit, job.host_gbit) if job.hosts > 1 else job.host_gbit
 
 
-def predict(job: Job) -> Dict[str, float]:
-    """Samples per second of each mode."""
-    times = compute_seconds(job)
+def predict(job: Job, delays=None) -> Dict[str, float]:
+    """Samples per second of each mode (`delays`: a run's per-step factors to replay, see
+    :func:`compute_seconds`)."""
+    times = compute_seconds(job, delays=delays)
     latency = job.latency_us / 1e6
     size = job.grad_bytes
     sync_step = times.max(axis=1).mean() + allreduce_seconds(job.ranks, size, _cross_host_gbit(job), latency)
