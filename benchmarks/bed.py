@@ -91,10 +91,12 @@ def hosts_layout(ranks: int) -> list:
 def seed_of(extra_flags: str) -> int:
     """The trainer's --seed among `extra_flags` (its default, 0, if none): it seeds the emulated
     compute's draws too, which the cost model replays."""
-    seed = 0
-    for flag in extra_flags.split():
-        if flag.startswith("--seed="):
-            seed = int(flag.split("=", 1)[1])
+    seed, words = 0, extra_flags.split()
+    for i, word in enumerate(words):
+        if word.startswith("--seed="):
+            seed = int(word.split("=", 1)[1])
+        elif word == "--seed" and i + 1 < len(words):  # absl also takes the value as the next word
+            seed = int(words[i + 1])
     return seed
 
 

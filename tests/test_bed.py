@@ -72,6 +72,7 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     ("bed", "--render=nothing.json", "flag: --render: nothing.json is not a bed run's JSON (FileNotFoundError"),
     ("bed", "--pareto_alpha=1", "flag: --pareto_alpha: 1.0 is not accepted"),
     ("bed", "--extra_flags=--seed=one", "flag: --extra_flags: its --seed is not a whole number"),
+    ("bed", "--extra_flags=--seed one", "flag: --extra_flags: its --seed is not a whole number"),
     ("breakeven", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
     ("breakeven", "--ratios=0.5,2", "flag: --ratios: '2' is not a ratio"),
     ("breakeven", "--ratios=half", "flag: --ratios: 'half' is not a ratio"),
