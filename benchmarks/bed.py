@@ -251,8 +251,12 @@ def main(argv):
             for condition in FLAGS.straggler:
                 for mode in FLAGS.modes:
                     work = tempfile.mkdtemp(dir=tmp)
-                    result = (run_async(bed, env, condition, work) if mode == "async"
-                              else run_horovod(bed, mesh, mesh.env(env), mode, condition, work))
+                    try:
+                        result = (run_async(bed, env, condition, work) if mode == "async"
+                                  else run_horovod(bed, mesh, mesh.env(env), mode, condition, work))
+                    except subprocess.TimeoutExpired as error:  # killed: show where it stood
+                        sys.stderr.write(str(error.stdout or "")[-3000:] + str(error.stderr or "")[-6000:])
+                        sys.exit(f"benchmarks.bed: {mode} / {condition} did not end within --timeout={FLAGS.timeout:g} s")
                     if result.returncode != 0 or not os.path.exists(f"{work}/metrics.json"):
                         sys.stderr.write(result.stdout[-2000:] + result.stderr[-4000:])
                         sys.exit(f"benchmarks.bed: {mode} / {condition} failed with status {result.returncode}")

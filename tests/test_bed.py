@@ -34,7 +34,8 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     before = bed_leftovers()
     result = localrun.run([PYTHON, "-m", "benchmarks.bed", "--ranks=2", "--link=1gbit", "--straggler=none",
                            "--modes=sync,async,auto", "--repeats=1", "--epochs=1", f"--docs_dir={tmp_path}",
-                           f"--python={PYTHON}"],  # the ranks on the warm interpreter
+                           f"--python={PYTHON}",  # the ranks on the warm interpreter
+                           "--timeout=150"],  # a run takes about 20 s: a stuck one is reported with its output
                           timeout=800, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     data = json.loads((tmp_path / "bed_2r_1gbit.json").read_text())
