@@ -27,8 +27,10 @@ import tensorflow as tf
 
 from tfsyncmodes.exchange import communicators
 from tfsyncmodes.keras.compat import build_optimizer, keras
+from tfsyncmodes.strategies.step_deadline import StepDeadline
 
 _LOST = ("horovod", "gloo")  # words in the message of a collective that failed with a peer
+DEADLINE_TIMEOUTS = 4  # a step may last this many collective timeouts (StepDeadline)
 
 
 def optimizer_variables(optimizer) -> list:
@@ -124,6 +126,7 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
                           base_lr=float(np.asarray(rate)), logs=[])
     config = strategy.config
     last = {"groups": ""}
+    deadline = StepDeadline(DEADLINE_TIMEOUTS * config.collective_timeout)
 
     def attempt(state):
         size = hvd.size()
@@ -149,7 +152,7 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
             last["history"] = model.fit(
                 dataset, epochs=last_epoch, initial_epoch=state.epoch,
                 steps_per_epoch=steps_per_epoch - first, shuffle=False, verbose=verbose,
-                callbacks=strategy.with_required_callbacks(callbacks) + [commit])
+                callbacks=strategy.with_required_callbacks(callbacks) + [commit, deadline])
         return last.get("history")
 
     def guarded(state):
@@ -159,6 +162,8 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
             if any(word in str(error.message).lower() for word in _LOST):
                 raise HorovodInternalError(error) from None
             raise
+        finally:
+            deadline.idle()  # a failed step's fit ends without its batch end: the rank waits at the rendezvous
 
     def reset():
         hvd.shutdown()
