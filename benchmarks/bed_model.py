@@ -15,7 +15,8 @@ epochs (:func:`run_delays`; ``--noreplay_draws``: drawn afresh); transient = fou
 (``transient_window_s``): samples go at r_fast before F and after E and at r_slow between, and
 the rate is the one over the epochs after the first, as measured (older files: slow
 in the middle third of the steps, the time-weighted mix; exact for sync, an approximation for
-hybrid and async). ``--compute=real`` files enter the fit only; the switch policy has no price.
+async); hybrid's transient rows are simulated round by round (:func:`hybrid_transient`), its
+speed-proportional plan lagging the window's start and end. ``--compute=real`` files enter the fit only; the switch policy has no price.
 Measured: the steady rate (after the first epoch) where the bed recorded it, else the run's.
 
 The fit (:mod:`benchmarks.bed_fit`, the **sync rows only**, least squares relative to each
@@ -187,12 +188,28 @@ def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
 def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
             settings: Settings = DEFAULT, hybrid_s: float = 0.0, efficiency: float = 1.0) -> float:
     """Predicted samples/s of one row."""
-    rate = costs.predict(job(bed, mode, condition, alpha_s, overhead_s, settings, hybrid_s, efficiency),
-                         run_delays(bed, condition, settings))[mode]
+    slow = job(bed, mode, condition, alpha_s, overhead_s, settings, hybrid_s, efficiency)
+    if condition == "transient" and mode == "hybrid":
+        return hybrid_transient(bed, slow, settings)
+    rate = costs.predict(slow, run_delays(bed, condition, settings))[mode]
     if condition != "transient":
         return rate
     fast = costs.predict(job(bed, mode, "none", alpha_s, overhead_s, settings, hybrid_s, efficiency))[mode]
     return transient_rate(bed, rate, fast, settings)
+
+
+def hybrid_transient(bed: dict, slow: costs.Job, settings: Settings = DEFAULT) -> float:
+    """Hybrid's steady rate under the transient straggler, simulated round by round
+    (:func:`tfsyncmodes.costs.hybrid_epochs`): its plan learns each group's speed from the
+    steps before, so it lags the window's start and end. Rated as the bed rates a run: the
+    run's samples over its epochs, times the epochs after the first, over their seconds."""
+    if "transient_window_s" in bed:
+        window, in_steps = tuple(bed["transient_window_s"]), False
+    else:
+        steps = cal.TRAIN_SAMPLES // settings.batch_size * bed["epochs"]
+        window, in_steps = (steps // 3, max(steps // 3 + 1, 2 * steps // 3)), True
+    ends, samples = costs.hybrid_epochs(slow, bed["epochs"], window, in_steps)
+    return float(samples.mean()) * (len(ends) - 1) / float(ends[-1] - ends[0])
 
 
 def hybrid_calibration(bed: dict, row: dict) -> bool:

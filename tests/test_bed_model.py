@@ -96,6 +96,32 @@ def test_hybrid_fixed_and_auto_with_a_persistent_straggler_are_the_round_formula
     assert none == pytest.approx(22 / 3 * 4 * BATCH / (22 / 3 * fast + cross + 3 * ALPHA), rel=1e-12)
 
 
+def test_hybrids_transient_row_is_simulated_round_by_round_on_the_runs_time_line():
+    """A window after the run's end: the undisturbed rounds (8, 8, 6 steps of both groups an
+    epoch, then the average and the plan's allgather), exactly; a window over the whole run:
+    the slow group's rounds after the plan has learnt its speed, near the closed form of the
+    persistent straggler (which averages the epoch's rounds: 3 %); a window in the middle
+    lies between the two, below their time-weighted mix. (The bed rates a run by its mean samples an epoch: the first epoch's
+    extra slow-group steps, planned before any was timed, count in it; 6 epochs keep that small.)"""
+    small = dict(bed(), epochs=6)
+    inner, cross = ring(2, LOOP), ring(2, MBIT * 1e6, models=2) + 3 * ALPHA
+    fast = WAIT + OVERHEAD + HYBRID + inner
+    after = bed_model.predict(dict(small, transient_window_s=[1e5, 2e5]), "hybrid", "transient", ALPHA, OVERHEAD,
+                              hybrid_s=HYBRID)
+    assert after == pytest.approx(22 * 4 * BATCH / (22 * fast + 3 * cross), rel=1e-9)
+    whole = bed_model.predict(dict(small, transient_window_s=[0.0, 1e5]), "hybrid", "transient", ALPHA, OVERHEAD,
+                              hybrid_s=HYBRID)
+    persistent = bed_model.predict(small, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    assert whole == pytest.approx(persistent, rel=0.03)
+    timed = dict(small, transient_window_s=[3.0, 12.0])
+    middle = bed_model.predict(timed, "hybrid", "transient", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    assert whole < middle < after
+    # The plan lags the window: its first rounds inside run the slow group's fast-time plan (the
+    # fast group waits), its first rounds after it the slow-time plan. Below the time-weighted
+    # mix of the two rates (the model before the simulation) by 5 % or more here.
+    assert middle < 0.95 * bed_model.transient_rate(timed, persistent, after)
+
+
 def test_hybrids_own_step_cost_is_fitted_on_rows_of_one_rank_per_host_only():
     """A bed of 2 hosts of one rank: a hybrid row whose rate is the formula at 7 ms of hybrid's
     own cost gives back 7 ms; rows with 2 ranks a host, or a straggler, are not fitted on."""

@@ -165,3 +165,60 @@ def test_a_replayed_trace_of_delays_is_priced_as_it_was_drawn_and_a_bad_one_is_r
     for bad in (trace[:, :7], trace[0], trace[:0], -trace):
         with pytest.raises(ValueError, match=r"delays of shape .*: use a \(steps, 8\) array of factors > 0"):
             costs.predict(flat, bad)
+
+
+def _two_hosts(**kw):
+    """Two hosts of one rank, 4 steps a round, epochs of 8 steps, 100 ms steps; the round's
+    average costs C (1 MB over 8 Gbit/s, no latency)."""
+    base = dict(ranks=2, ranks_per_host=1, step_ms=100.0, grad_mb=1.0, link_gbit=8.0, host_gbit=100.0,
+                latency_us=0.0, batch=BATCH, period=4, epoch_steps=8, local_steps="auto")
+    return costs.Job(**dict(base, **kw))
+
+
+C = 1e6 * 8 / 8e9
+
+
+def test_hybrid_rounds_simulated_follow_the_plan_worked_by_hand():
+    """Hand-worked: rank 0 twice as slow throughout. Round 1: both run 4 (no plan yet), 0.8 s
+    (the slow one's 4 x 0.2) + C; its average is 0.2 s, so its plan is round(4 x 0.1 / 0.2) = 2;
+    round 2: 2 and 4 steps (0.4 s + C); the fast one has run the epoch's 8 steps, so the epoch
+    ends with 6 + 8 steps. Every later epoch: two rounds of 2 and 4 steps (0.4 s + C each)."""
+    ends, samples = costs.hybrid_epochs(_two_hosts(straggler=2.0), epochs=3)
+    np.testing.assert_allclose(ends, [1.2 + 2 * C, 2.0 + 4 * C, 2.8 + 6 * C], rtol=1e-9)
+    np.testing.assert_array_equal(samples, [14 * BATCH, 12 * BATCH, 12 * BATCH])
+
+
+def test_hybrid_rounds_simulated_lag_a_straggler_that_starts_mid_run():
+    """Hand-worked: rank 0 3.5 times as slow from 0.8 s on. Epoch 1: two rounds of 4 and 4 fast
+    steps (ends at 0.8 + 2C). Epoch 2 starts slow, but its first round was planned from the fast
+    steps: 4 steps of 0.35 s while the other host waits (1.4 s + C). The moving average (newest
+    weighs 0.3; the epoch's first step unmeasured) reads 0.7 * 0.1 + 0.3 * 0.35 = 0.175, then
+    0.2275, then 0.26425: plan round(4 x 0.1 / 0.26425) = round(1.51) = 2 (had the first step
+    counted, 0.28998 and a plan of 1). Round 2: 2 slow steps (0.7 s + C) and 4 fast ones; the
+    fast host has run 8: the epoch ends at 2.9 + 4C with 6 + 8 steps. Two more slow steps (the
+    newest now weighs 1 - 0.7 ** 2) put the average at 0.32941: epoch 3 runs two rounds of 1
+    and 4 steps (0.4 s + C each)."""
+    ends, samples = costs.hybrid_epochs(_two_hosts(straggler=3.5), epochs=3, window=(0.8, np.inf))
+    np.testing.assert_allclose(ends, [0.8 + 2 * C, 2.9 + 4 * C, 3.7 + 6 * C], rtol=1e-9)
+    np.testing.assert_array_equal(samples, [16 * BATCH, 14 * BATCH, 10 * BATCH])
+    # A window of the slow rank's own steps from its 9th: the same epochs here.
+    in_steps, _ = costs.hybrid_epochs(_two_hosts(straggler=3.5), epochs=3, window=(8, 10 ** 6), in_steps=True)
+    np.testing.assert_allclose(in_steps, ends, rtol=1e-9)
+
+
+def test_hybrid_rounds_simulated_agree_with_the_closed_form_for_a_persistent_straggler():
+    """Two routes of the model to one figure: the closed form (mean step times, the plan they
+    give) and the round-by-round simulation over a persistent straggler, after its first epoch."""
+    one = job(straggler=4.0, local_steps="auto", epoch_steps=22)
+    ends, samples = costs.hybrid_epochs(one, epochs=8)
+    simulated = samples[1:].sum() / (ends[-1] - ends[0])
+    assert simulated == pytest.approx(costs.predict(one)["hybrid"], rel=0.03)
+
+
+def test_hybrid_rounds_simulated_refuse_what_they_do_not_model_and_share_the_planners_weight():
+    from tfsyncmodes.exchange import local_steps
+
+    assert costs.NEWEST == local_steps.NEWEST
+    for bad in (dict(local_steps="fixed"), dict(ranks=1, ranks_per_host=1), dict(epoch_steps=0)):
+        with pytest.raises(ValueError, match="hybrid_epochs"):
+            costs.hybrid_epochs(_two_hosts(**bad), epochs=1)
