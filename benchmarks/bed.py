@@ -292,7 +292,7 @@ def write(runs: dict, measured: float) -> None:
     result = {"ranks": FLAGS.ranks, "hosts": hosts_layout(FLAGS.ranks), "link": FLAGS.link, "compute": FLAGS.compute,
               "shaped": cal.tc_rate(FLAGS.link), "measured_mbit_s": round(measured / 1e6, 2),
               "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link), 1),
-              "emulated_step_ms": cal.EMU_STEP_MS, "hybrid_exchange": "slices", "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
+              "emulated_step_ms": cal.EMU_STEP_MS, "hybrid_exchange": "slices", "plan_rule": "most_steps", "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
               "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,

@@ -1,7 +1,25 @@
 """NumPy references for the steps the distributed tests run."""
+import math
+
 import numpy as np
 
 FEATURES, OUTPUTS, BATCH, LR = 5, 3, 4, 0.1
+
+
+def speed_shares(step_times, period):
+    """Each group's inner steps a round by the rule local_steps.py documents, written here on
+    its own: try as the round's length the fastest group's `period` steps and each group's share
+    period * t_fastest / t_g rounded up times its step; under each, every group runs the whole
+    steps that fit (1 to `period`); keep the first of most steps per second of its longest group."""
+    fastest = min(step_times)
+    lengths = [period * fastest] + [math.ceil(period * fastest / t - 1e-9) * t for t in step_times]
+    best, shares = -1.0, None
+    for length in lengths:
+        steps = [min(period, max(1, math.floor(length / t + 1e-6))) for t in step_times]
+        rate = sum(steps) / max(n * t for n, t in zip(steps, step_times))
+        if rate > best * (1 + 1e-9):
+            best, shares = rate, steps
+    return shares
 
 
 def linear_data(steps: int, replicas: int, seed: int = 7):

@@ -8,8 +8,8 @@ exchange, so sync's step is the slowest rank's own step plus that time; hybrid's
 ranks allreduce inside the group every step (on the fitted link on one host, at 100 Gbit/s
 when the groups are hosts) and across groups every round (each column its slice, then
 gathered in the group); with speed-proportional local steps every round also allgathers over
-all ranks, and the fastest group runs `period` steps a round and the others round(period x
-t_fastest / t_g). Hybrid is picked when its rate is at least 1.25 times sync's (the documented
+all ranks, and the fastest group runs `period` steps a round and the others their share in
+whole steps (tests/reference.py: speed_shares). Hybrid is picked when its rate is at least 1.25 times sync's (the documented
 margin). Rates are steps a second summed over the ranks (a batch of one).
 """
 import json
@@ -19,6 +19,7 @@ import re
 import numpy as np
 import pytest
 
+from tests.reference import speed_shares
 from tests.conftest import PYTHON, REPO, run_checked
 from tfsyncmodes.switching import auto
 from tfsync_testbed import localrun
@@ -59,7 +60,7 @@ def reference(own, exchange, group_size, hosts=False, period=8, local_steps="aut
     if local_steps == "fixed":
         hybrid = ranks * period / (period * group_steps.max() + cross)
     else:  # + the plan's allgather over every rank
-        steps = np.maximum(1, np.round(period * group_steps.min() / group_steps))
+        steps = np.array(speed_shares(list(group_steps), period))
         hybrid = steps.sum() * group_size / ((steps * group_steps).max() + cross + (ranks - 1) * ALPHA)
     return sync, hybrid, ("hybrid" if hybrid >= MARGIN * sync else "sync")
 

@@ -6,6 +6,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from tests import reference
 from tests.conftest import PYTHON, REPO, clean_env
 from tfsyncmodes import costs
 
@@ -67,7 +68,7 @@ def test_a_persistent_straggler_holds_sync_back_and_auto_local_steps_route_aroun
     got = costs.predict(job(straggler=4.0, local_steps="auto"))
     assert got["sync"] == pytest.approx(8 * BATCH / (4 * T + ring(8, GBIT)), rel=1e-12)
     fast, slow = T + ring(2, 100.0), 4 * T + ring(2, 100.0)
-    slow_steps = max(1, round(8 * fast / slow))  # the rule: round(period * t_fastest / t_g)
+    slow_steps = reference.speed_shares([fast, fast, fast, slow], 8)[3]  # the trainer's plan
     round_time = max(8 * fast, slow_steps * slow) + CROSS + 7 * ALPHA
     assert got["hybrid"] == pytest.approx((3 * 8 + slow_steps) * 2 * BATCH / round_time, rel=1e-12)
     fixed = costs.predict(job(straggler=4.0, local_steps="fixed"))["hybrid"]
@@ -86,7 +87,7 @@ def test_an_epoch_that_does_not_divide_into_rounds_makes_the_fastest_groups_roun
     assert got == pytest.approx(4 * (22 / 3) * 2 * BATCH / (22 / 3 * step + cross), rel=1e-12)
     slow = costs.predict(job(epoch_steps=22, straggler=4.0, local_steps="auto"))["hybrid"]
     fast, slower = step, 4 * T + ring(2, 100.0)
-    slow_steps = max(1, round(8 * fast / slower))
+    slow_steps = reference.speed_shares([fast, fast, fast, slower], 8)[3]
     assert slow_steps < 22 / 3
     want = (3 * 22 / 3 + slow_steps) * 2 * BATCH / (max(22 / 3 * fast, slow_steps * slower) + cross)
     assert slow == pytest.approx(want, rel=1e-12)
@@ -193,17 +194,24 @@ def test_hybrid_rounds_simulated_lag_a_straggler_that_starts_mid_run():
     steps (ends at 0.8 + 2C). Epoch 2 starts slow, but its first round was planned from the fast
     steps: 4 steps of 0.35 s while the other host waits (1.4 s + C). The moving average (newest
     weighs 0.3; the epoch's first step unmeasured) reads 0.7 * 0.1 + 0.3 * 0.35 = 0.175, then
-    0.2275, then 0.26425: plan round(4 x 0.1 / 0.26425) = round(1.51) = 2 (had the first step
-    counted, 0.28998 and a plan of 1). Round 2: 2 slow steps (0.7 s + C) and 4 fast ones; the
-    fast host has run 8: the epoch ends at 2.9 + 4C with 6 + 8 steps. Two more slow steps (the
-    newest now weighs 1 - 0.7 ** 2) put the average at 0.32941: epoch 3 runs two rounds of 1
-    and 4 steps (0.4 s + C each)."""
-    ends, samples = costs.hybrid_epochs(_two_hosts(straggler=3.5), epochs=3, window=(0.8, np.inf))
+    0.2275, then 0.26425: a share of 4 x 0.1 / 0.26425 = 1.51 steps.
+    - The rule before 0.2.0 rounds it to 2 (had the first step counted, 0.28998 and 1). Round 2:
+      2 slow steps (0.7 s + C) and 4 fast ones; the fast host has run 8: the epoch ends at
+      2.9 + 4C with 6 + 8 steps. Two more slow steps (the newest now weighs 1 - 0.7 ** 2) put the
+      average at 0.32941: epoch 3 runs two rounds of 1 and 4 steps (0.4 s + C each).
+    - The trainer's plan now: 1 and 4 steps in 0.4 s (12.5 steps a second) before 2 and 4 in
+      0.5285 s (11.4). Round 2: 1 slow step, 0.4 s + C, ending the epoch at 2.6 + 4C with 5 + 8
+      steps; that step (weighing 1 - 0.7 ** 4) puts the average at 0.32941 too: epoch 3 as above."""
+    nearest = _two_hosts(straggler=3.5, plan_rule="nearest")
+    ends, samples = costs.hybrid_epochs(nearest, epochs=3, window=(0.8, np.inf))
     np.testing.assert_allclose(ends, [0.8 + 2 * C, 2.9 + 4 * C, 3.7 + 6 * C], rtol=1e-9)
     np.testing.assert_array_equal(samples, [16 * BATCH, 14 * BATCH, 10 * BATCH])
     # A window of the slow rank's own steps from its 9th: the same epochs here.
-    in_steps, _ = costs.hybrid_epochs(_two_hosts(straggler=3.5), epochs=3, window=(8, 10 ** 6), in_steps=True)
+    in_steps, _ = costs.hybrid_epochs(nearest, epochs=3, window=(8, 10 ** 6), in_steps=True)
     np.testing.assert_allclose(in_steps, ends, rtol=1e-9)
+    ends, samples = costs.hybrid_epochs(_two_hosts(straggler=3.5), epochs=3, window=(0.8, np.inf))
+    np.testing.assert_allclose(ends, [0.8 + 2 * C, 2.6 + 4 * C, 3.4 + 6 * C], rtol=1e-9)
+    np.testing.assert_array_equal(samples, [16 * BATCH, 13 * BATCH, 10 * BATCH])
 
 
 def test_hybrid_rounds_simulated_agree_with_the_closed_form_for_a_persistent_straggler():
@@ -222,3 +230,17 @@ def test_hybrid_rounds_simulated_refuse_what_they_do_not_model_and_share_the_pla
     for bad in (dict(local_steps="fixed"), dict(ranks=1, ranks_per_host=1), dict(epoch_steps=0)):
         with pytest.raises(ValueError, match="hybrid_epochs"):
             costs.hybrid_epochs(_two_hosts(**bad), epochs=1)
+    with pytest.raises(ValueError, match="plan_rule"):
+        _two_hosts(plan_rule="floor")
+
+
+def test_the_models_plan_is_the_trainers_rule():
+    """costs.plan_steps against the rule written on its own (tests/reference.py) on 300 random
+    groups of step times, and the rule before 0.2.0 as round(period * t_fastest / t_g)."""
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        times = list(rng.uniform(0.01, 1.0, size=rng.integers(1, 6)))
+        period = int(rng.integers(1, 17))
+        assert list(costs.plan_steps(times, period)) == reference.speed_shares(times, period), (times, period)
+        want = [min(period, max(1, round(period * min(times) / t))) for t in times]
+        assert list(costs.plan_steps(times, period, "nearest")) == want

@@ -32,8 +32,8 @@ What a step costs, for ``ranks`` ranks of which ``ranks_per_host`` share a host:
   runs ``period`` steps a round, so a round lasts as long as the slowest group's;
   ``"auto"``: every round also allgathers each rank's figures over all ranks ((N-1) α), the
   fastest group runs ``period`` steps (fewer on average when an epoch of ``epoch_steps`` does
-  not divide into rounds: every group ends an epoch at the same round) and the others
-  ``round(period * t_fastest / t_g)`` (at least one), so slow groups do less of the work; a
+  not divide into rounds: every group ends an epoch at the same round) and the others their
+  share of it in whole steps (:func:`plan_steps`, at least one), so slow groups do less of the work; a
   round waits for the group whose steps added up longest (Monte Carlo over the rounds).
 - **hybrid, a straggler that comes and goes** (:func:`hybrid_epochs`): the rounds simulated one
   by one over wall time with the trainer's plan, which learns each group's speed from its
@@ -77,6 +77,7 @@ class Job:
     hybrid_overhead_ms: float = 0.0  # hybrid: per-step time of its own bookkeeping (beyond overhead_ms)
     hybrid_slices: bool = True      # hybrid: each column averages its slice (False: the whole model)
     local_steps: str = "auto"       # hybrid: fixed | auto
+    plan_rule: str = "most_steps"   # hybrid auto: the trainer's plan (most_steps; nearest: before 0.2.0)
     ps: int = 1                     # async: parameter servers
 
     def __post_init__(self):
@@ -91,7 +92,8 @@ class Job:
                   (self.straggler >= 1, "straggler", ">= 1"), (self.tail_sigma >= 0, "tail_sigma", ">= 0"),
                   (self.period >= 1, "period", ">= 1"), (self.epoch_steps >= 0, "epoch_steps", ">= 0"),
                   (self.hybrid_overhead_ms >= 0, "hybrid_overhead_ms", ">= 0"), (self.local_steps in ("fixed", "auto"), "local_steps",
-                                                           "fixed or auto"), (self.ps >= 1, "ps", ">= 1")]
+                                                           "fixed or auto"), (self.ps >= 1, "ps", ">= 1"),
+                  (self.plan_rule in ("most_steps", "nearest"), "plan_rule", "most_steps or nearest")]
         for ok, name, want in checks:
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name)!r}: use {want}")
@@ -175,11 +177,26 @@ def hybrid_rate(job: Job, times: np.ndarray, latency: float) -> float:
     if job.local_steps == "fixed" or job.hosts == 1:
         return job.ranks * job.batch * job.period / (_mean_round(steps, job.period) + cross)
     mean = steps.mean(axis=0)
-    plan = np.maximum(1.0, np.round(job.period * mean.min() / mean))
+    plan = plan_steps(mean, job.period, job.plan_rule).astype(float)
     if job.epoch_steps:  # the epoch ends for all at the round where the fastest group has run it
         plan = np.minimum(plan, job.epoch_steps / np.ceil(job.epoch_steps / plan.max()))
     round_time = float((plan * mean).max()) + _round_wait(steps, np.round(plan).astype(int)) + cross
     return float(plan.sum()) * k * job.batch / round_time
+
+
+def plan_steps(times, period: int, rule: str = "most_steps") -> np.ndarray:
+    """Each group's inner steps a round from its step time (all > 0), by the trainer's plan
+    (:func:`tfsyncmodes.exchange.local_steps.plan_steps`): among the round lengths of the
+    fastest group's `period` steps and of each group's share ``period * t_fastest / t_g``
+    rounded up, the first of most steps a second, every group running the steps that fit;
+    ``"nearest"``: ``round(period * t_fastest / t_g)``, the rule before 0.2.0."""
+    t = np.maximum(np.asarray(times, dtype=float), 1e-12)
+    if rule == "nearest":
+        return np.clip(np.round(period * t.min() / t), 1, period).astype(int)
+    lengths = np.concatenate([[period * t.min()], np.ceil(period * t.min() / t - 1e-9) * t])
+    steps = np.clip(np.floor(lengths[:, None] / t[None, :] + 1e-6), 1, period)
+    per_second = steps.sum(axis=1) / (steps * t[None, :]).max(axis=1)
+    return steps[int(np.flatnonzero(per_second * (1 + 1e-9) >= per_second.max())[0])].astype(int)
 
 
 def _inner_seconds(job: Job, latency: float) -> float:
@@ -233,8 +250,7 @@ def hybrid_epochs(job: Job, epochs: int, window=(0.0, np.inf), in_steps: bool = 
                     ran[g], in_epoch[g], measured[g] = ran[g] + 1, in_epoch[g] + 1, True
             now = float(finish.max()) + cross
             left, fastest = length - in_epoch, average.min()
-            speed = np.clip(np.round(period * fastest / np.maximum(average, 1e-12)), 1, period).astype(int) \
-                if fastest > 0 else np.full(groups, period)
+            speed = plan_steps(average, period, job.plan_rule) if fastest > 0 else np.full(groups, period)
             over = bool((left <= 0).any())
             plan = np.minimum(speed, length if over else np.maximum(left, 1))
             if over:

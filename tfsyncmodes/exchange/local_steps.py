@@ -11,9 +11,17 @@ the *plan* adapts: at each round every rank allgathers (group, step time, steps 
 round, steps left in the epoch), and every rank derives the same next plan from those numbers
 (the collectives of the next round match on every rank by construction).
 
-- The fastest group runs ``H = period`` inner steps per round, group g
-  ``round(H * t_fastest / t_g)`` (at least 1; rounded to the nearest rather than floored as in
-  the paper, so that timing noise between equal groups does not cost a step). ``t_g`` is an
+- The fastest group runs ``H = period`` inner steps per round, group g its share
+  ``H * t_fastest / t_g`` in whole steps (at least 1): floored as in the paper, or rounded up
+  where that trains more samples a second (:func:`plan_steps`). A share rounded up makes
+  every other group wait for that group at the round, one rounded down costs that group less
+  than one of its own steps: the round length is chosen among the fastest group's H steps and
+  each group's share rounded up, every group then running the steps that fit in it, as the one
+  of most steps per second of round (ties: the fastest group's full round, then the groups in
+  order). Equal groups a little apart in
+  their timing so still run H each, and a share of 2.45 steps runs 2 at H = 8 where rounding
+  to the nearest (before 0.2.0) ran 3 and made the fast groups wait 0.55 of a slow step a
+  round. ``t_g`` is an
   exponential moving average (the newest step weighs ``1 - 0.7 ** (H / h_g)`` in a group planned
   ``h_g`` steps a round, so every group's average spans about the same rounds) of the wall
   time between a group's consecutive updates (the
@@ -54,6 +62,25 @@ from tfsyncmodes.exchange.policies import PeriodicAverage
 
 ROUND_LOG = 4096  # rounds whose step counts round_log keeps (a ring)
 NEWEST = 0.3  # weight of the newest step time in the moving average (a group at period steps a round)
+
+
+def plan_steps(step_time: tf.Tensor, period: int) -> tf.Tensor:
+    """[groups] int64: each group's inner steps for a round, from its step time (all > 0). The
+    candidate round lengths are the fastest group's `period` steps and, for each group, its
+    share ``period * t_fastest / t_g`` rounded up, times its step; for each, every group runs
+    the whole steps that fit (1 to `period`); the plan is the candidate of most steps over its
+    longest group (the first of equal ones: the fastest group's full round first)."""
+    h = tf.constant(float(period), tf.float64)
+    times = tf.maximum(tf.cast(step_time, tf.float64), 1e-12)
+    fastest = tf.reduce_min(times)
+    share = h * fastest / times
+    lengths = tf.concat([[h * fastest], tf.math.ceil(share - 1e-9) * times], axis=0)  # [groups + 1]
+    steps = tf.clip_by_value(tf.floor(lengths[:, None] / times[None, :] + 1e-6), 1.0, h)
+    per_second = tf.reduce_sum(steps, axis=1) / tf.reduce_max(steps * times[None, :], axis=1)
+    candidates = tf.range(tf.shape(lengths)[0])
+    best = tf.reduce_min(tf.where(per_second * (1.0 + 1e-9) >= tf.reduce_max(per_second), candidates,
+                                  tf.shape(lengths)[0]))
+    return tf.cast(tf.gather(steps, best), tf.int64)
 
 
 class SpeedProportionalAverage(PeriodicAverage):
@@ -158,8 +185,7 @@ class SpeedProportionalAverage(PeriodicAverage):
         # The next round's plan: proportional to speed, clipped to the steps each group has left.
         h_max = tf.constant(self.h_max, tf.int64)
         fastest = tf.reduce_min(step_time)
-        proportional = tf.cast(tf.round(self.h_max * fastest / tf.maximum(step_time, 1e-12)), tf.int64)
-        speed = tf.where(fastest > 0, tf.clip_by_value(proportional, 1, h_max), tf.fill([groups], h_max))
+        speed = tf.where(fastest > 0, plan_steps(step_time, self.h_max), tf.fill([groups], h_max))
         known = tf.reduce_all(left >= 0)
         over = tf.logical_and(known, tf.reduce_any(left <= 0))
         bound = tf.where(over, tf.fill([groups], epoch), left)
