@@ -13,15 +13,14 @@ round, steps left in the epoch), and every rank derives the same next plan from 
 
 - The fastest group runs ``H = period`` inner steps per round, group g its share
   ``H * t_fastest / t_g`` in whole steps (at least 1): floored as in the paper, or rounded up
-  where that trains more samples a second (:func:`plan_steps`). A share rounded up makes
-  every other group wait for that group at the round, one rounded down costs that group less
-  than one of its own steps: the round length is chosen among the fastest group's H steps and
-  each group's share rounded up, every group then running the steps that fit in it, as the one
-  of most steps per second of round (ties: the fastest group's full round, then the groups in
-  order). Equal groups a little apart in
-  their timing so still run H each, and a share of 2.45 steps runs 2 at H = 8 where rounding
-  to the nearest (before 0.2.0) ran 3 and made the fast groups wait 0.55 of a slow step a
-  round. ``t_g`` is an
+  where that trains more samples a second (:func:`plan_steps`). A share rounded up makes every
+  other group wait for that group at the round; one rounded down costs that group less than
+  one of its own steps. So the round's length is chosen among the fastest group's H steps and
+  each group's share rounded up, every group running the steps that fit in it, as the one of
+  most steps a second (ties: the fastest group's full round, then the groups in order). Equal
+  groups a little apart in their timing still run H each; a share of 2.45 steps runs 2 at
+  H = 8, where rounding to the nearest (before 0.2.0) ran 3 and made the fast groups wait
+  0.55 of a slow step every round. ``t_g`` is an
   exponential moving average (the newest step weighs ``1 - 0.7 ** (H / h_g)`` in a group planned
   ``h_g`` steps a round, so every group's average spans about the same rounds) of the wall
   time between a group's consecutive updates (the
