@@ -18,7 +18,6 @@ TensorFlow's runtime without the GIL, so the thread runs.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from typing import Optional
@@ -32,9 +31,9 @@ POLL_S = 0.5
 class StepDeadline(keras.callbacks.Callback):
     """Ends this process (status 1, one line) when one train step lasts over `seconds`."""
 
-    def __init__(self, seconds: float, what: str = "elastic"):
+    def __init__(self, seconds: float):
         super().__init__()
-        self.seconds, self.what = float(seconds), what
+        self.seconds = float(seconds)
         self._started: Optional[float] = None
         self._steps = 0
         self._thread: Optional[threading.Thread] = None
@@ -66,8 +65,7 @@ class StepDeadline(keras.callbacks.Callback):
             time.sleep(POLL_S)
             started = self._started
             if started is not None and time.monotonic() - started > self.seconds:
-                os.write(2, (f"tfsyncmodes: {self.what}: a train step has waited over {self.seconds:g} s "
+                os.write(2, (f"tfsyncmodes: elastic: a train step has waited over {self.seconds:g} s "
                              "(a peer lost in a collective that never ends); this rank leaves the job "
-                             "and the others go on without it\n").encode())
-                sys.stderr.flush()
+                             "and the others go on without it\n").encode())  # unbuffered
                 os._exit(1)
