@@ -109,11 +109,18 @@ def emulated(bed: dict) -> bool:
     return bed.get("compute", "emulated") == "emulated"
 
 
-def transient_fraction(bed: dict, settings: Settings = DEFAULT) -> float:
-    """The share of its steps the transient straggler is slow, in a file whose window is in steps."""
+def transient_steps(bed: dict, settings: Settings = DEFAULT) -> tuple:
+    """(first, end, steps): the slow rank's own steps [first, end) of its `steps`, in a file whose
+    transient window is in steps (the middle third)."""
     steps = cal.TRAIN_SAMPLES // settings.batch_size * bed["epochs"]
     first = steps // 3
-    return (max(first + 1, 2 * steps // 3) - first) / steps
+    return first, max(first + 1, 2 * steps // 3), steps
+
+
+def transient_fraction(bed: dict, settings: Settings = DEFAULT) -> float:
+    """The share of its steps the transient straggler is slow, in a file whose window is in steps."""
+    first, end, steps = transient_steps(bed, settings)
+    return (end - first) / steps
 
 
 def measured_samples(bed: dict, settings: Settings = DEFAULT) -> int:
@@ -207,8 +214,7 @@ def hybrid_transient(bed: dict, slow: costs.Job, settings: Settings = DEFAULT) -
     if "transient_window_s" in bed:
         window, in_steps = tuple(bed["transient_window_s"]), False
     else:
-        steps = cal.TRAIN_SAMPLES // settings.batch_size * bed["epochs"]
-        window, in_steps = (steps // 3, max(steps // 3 + 1, 2 * steps // 3)), True
+        window, in_steps = transient_steps(bed, settings)[:2], True
     ends, samples = costs.hybrid_epochs(slow, bed["epochs"], window, in_steps)
     return float(samples.mean()) * (len(ends) - 1) / float(ends[-1] - ends[0])
 
