@@ -1,8 +1,8 @@
 """Chaos runs (benchmarks/chaos_driver.py): a 4-rank job that loses a random non-chief process
 every several seconds and gets it back, in async (the launcher's restarts) and in sync (elastic
 horovodrun). It ends with the step and sample counts it promises, a test accuracy within one
-point of an undisturbed run's (NumPy's training of the same softmax regression, evaluated in
-NumPy), and nothing left behind; hybrid (the sync job with one group per rank, an average every
+point of an undisturbed run's (NumPy's training of the same softmax regression over 20 sample
+orders, evaluated in NumPy: within a point of their range), and nothing left behind; hybrid (the sync job with one group per rank, an average every
 5 steps) likewise, each new world in its own groups.
 
 The goodput and recovery arithmetic is checked on a hand-made step log first."""
@@ -26,9 +26,11 @@ def numpy_accuracy(final):
     return float(((x @ final["kernel"] + final["bias"]).argmax(axis=1) == y).mean())
 
 
-def numpy_reference_accuracy(steps, batch, lr, seeds=5):
-    """The mean test accuracy of minibatch SGD on the softmax regression in NumPy (the
-    undisturbed run, as an independent reference), over `seeds` sample orders."""
+def numpy_reference_accuracies(steps, batch, lr, seeds=20):
+    """The test accuracies of minibatch SGD on the softmax regression in NumPy (the undisturbed
+    run, as an independent reference), one for each of `seeds` sample orders. One order's
+    accuracy is one draw: over 20 orders of the elastic job's 480 steps they span 0.956-0.972,
+    so a disturbed run is held to that range widened by a point, not to one draw or the mean."""
     x, y, x_test, y_test = digits()
     accuracies = []
     for seed in range(seeds):
@@ -44,7 +46,7 @@ def numpy_reference_accuracy(steps, batch, lr, seeds=5):
             kernel -= lr * x[rows].T @ p
             bias -= lr * p.sum(axis=0)
         accuracies.append(((x_test @ kernel + bias).argmax(axis=1) == y_test).mean())
-    return float(np.mean(accuracies))
+    return np.asarray(accuracies)
 
 
 def test_goodput_and_recovery_from_a_step_log_with_a_rollback():
@@ -86,7 +88,7 @@ def test_report_only_tables_and_plots_runs_taken_apart(tmp_path, capsys):
     assert (tmp_path / "p.png").stat().st_size > 0
 
 
-def check(result, promised_accuracy):
+def check(result, undisturbed):
     assert result["status"] == 0, result["output"][-6000:]
     assert result["leftovers"] == [], result["leftovers"]
     assert not os.path.exists(result["work"])
@@ -99,8 +101,9 @@ def check(result, promised_accuracy):
     accuracy = numpy_accuracy(final)
     print(f"{result['mode']}: kills at {[round(k, 1) for k in result['kills']]} s, recoveries "
           f"{[round(r, 2) for r in result['recoveries']]} s, goodput {result['goodput']:.3f}, "
-          f"accuracy {accuracy:.4f} (undisturbed {promised_accuracy:.4f}), {result['wall_seconds']:.0f} s")
-    assert abs(accuracy - promised_accuracy) <= TOLERANCE, (accuracy, promised_accuracy)
+          f"accuracy {accuracy:.4f} (undisturbed {undisturbed.min():.4f}-{undisturbed.max():.4f}), "
+          f"{result['wall_seconds']:.0f} s")
+    assert undisturbed.min() - TOLERANCE <= accuracy <= undisturbed.max() + TOLERANCE, (accuracy, undisturbed)
     assert all(r is not None and 0 < r < 60 for r in result["recoveries"]), result["recoveries"]
     assert 0 < result["goodput"] <= 1
     return final
@@ -113,7 +116,7 @@ def test_async_loses_a_random_worker_every_7_s_and_the_launcher_restarts_it():
     result = chaos_driver.run("async", interval=(6, 8), seed=2, epochs=10, steps_per_epoch=120,
                               step_ms=80, max_kills=3, timeout=260, python=PYTHON)
     assert len(result["kills"]) >= 2, result["output"][-4000:]
-    final = check(result, numpy_reference_accuracy(steps, 16, 0.3))
+    final = check(result, numpy_reference_accuracies(steps, 16, 0.3))
     assert result["output"].count("restarting it at 127.0.0.1") == len(result["kills"])
     # Counted on the ps, at least once per step (a worker lost after its update landed and before
     # it reported has its step run again; the step and sample counters may then differ by it).
@@ -142,7 +145,7 @@ def test_a_rank_lost_every_10_s_is_taken_back_by_the_elastic_job(mode):
     if mode == "hybrid":  # one group per rank in every new world
         for old, new, groups in changes:
             assert groups.strip() == "groups [" + ",".join(f"[{r}]" for r in range(int(new))) + "]", changes
-    final = check(result, numpy_reference_accuracy(steps, 16 * chaoslib.WORKERS, 0.5))
+    final = check(result, numpy_reference_accuracies(steps, 16 * chaoslib.WORKERS, 0.5))
     assert int(final["size"]) == chaoslib.WORKERS
     assert int(final["iterations"]) == steps and result["counted"] == steps
     # Samples: each counted step's world times the per-rank batch, from the step log (the last
