@@ -16,7 +16,10 @@ epochs (:func:`run_delays`; ``--noreplay_draws``: drawn afresh); transient = fou
 the rate is the one over the epochs after the first, as measured (older files: slow
 in the middle third of the steps, the time-weighted mix; exact for sync, an approximation for
 async); hybrid's transient rows are simulated round by round (:func:`hybrid_transient`), its
-speed-proportional plan lagging the window's start and end. ``--compute=real`` files enter the fit only; the switch policy has no price.
+speed-proportional plan lagging the window's start and end. The straggler policy (mode ``policy``)
+is simulated step by step (:func:`policy_rate`): sync judged in windows, hybrid's rounds after a
+switch, back at an epoch's end, as the trainer does, with its own per-step cost fitted on its
+rows without a straggler. ``--compute=real`` files enter the fit only.
 Measured: the steady rate (after the first epoch) where the bed recorded it, else the run's.
 
 The fit (:mod:`benchmarks.bed_fit`, the **sync rows only**, least squares relative to each
@@ -45,7 +48,7 @@ from absl import app, flags
 from benchmarks import bed_calibration as cal
 from benchmarks.bed_fit import fit
 from benchmarks.benchlib import replace_section
-from tfsyncmodes import costs, knobs
+from tfsyncmodes import costs, knobs, simulate
 
 
 
@@ -194,9 +197,13 @@ def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
 
 
 def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
-            settings: Settings = DEFAULT, hybrid_s: float = 0.0, efficiency: float = 1.0) -> float:
-    """Predicted samples/s of one row."""
+            settings: Settings = DEFAULT, hybrid_s: float = 0.0, efficiency: float = 1.0,
+            policy_s: float = 0.0) -> Optional[float]:
+    """Predicted samples/s of one row (`policy_s`: the straggler policy's own per-step cost;
+    None: a row the model does not price)."""
     slow = job(bed, mode, condition, alpha_s, overhead_s, settings, hybrid_s, efficiency)
+    if mode == "policy":
+        return policy_rate(bed, slow, condition, settings, policy_s)
     if condition == "transient" and mode == "hybrid":
         return hybrid_transient(bed, slow, settings)
     rate = costs.predict(slow, run_delays(bed, condition, settings))[mode]
@@ -211,12 +218,48 @@ def hybrid_transient(bed: dict, slow: costs.Job, settings: Settings = DEFAULT) -
     (:func:`tfsyncmodes.costs.hybrid_epochs`): its plan learns each group's speed from the
     steps before, so it lags the window's start and end. Rated as the bed rates a run: the
     run's samples over its epochs, times the epochs after the first, over their seconds."""
-    if "transient_window_s" in bed:
-        window, in_steps = tuple(bed["transient_window_s"]), False
-    else:
-        window, in_steps = transient_steps(bed, settings)[:2], True
-    ends, samples = costs.hybrid_epochs(slow, bed["epochs"], window, in_steps)
+    window, in_steps = straggler_window(bed, "transient", settings)
+    ends, samples = simulate.hybrid_epochs(slow, bed["epochs"], window, in_steps)
+    return steady_rate(ends, samples)
+
+
+def steady_rate(ends: np.ndarray, samples: np.ndarray) -> float:
+    """A simulated run rated as the bed rates one: its samples over its epochs, times the
+    epochs after the first, over their seconds."""
     return float(samples.mean()) * (len(ends) - 1) / float(ends[-1] - ends[0])
+
+
+def straggler_window(bed: dict, condition: str, settings: Settings = DEFAULT) -> tuple:
+    """(window, in_steps) of the slow rank under `condition`: the transient window in seconds or
+    in its own steps, else the whole run."""
+    if condition != "transient":
+        return (0.0, np.inf), False
+    if "transient_window_s" in bed:
+        return tuple(bed["transient_window_s"]), False
+    return transient_steps(bed, settings)[:2], True
+
+
+def policy_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings = DEFAULT,
+                policy_s: float = 0.0) -> Optional[float]:
+    """The straggler policy's steady rate, simulated step by step
+    (:func:`tfsyncmodes.simulate.policy_epochs`) with the trainer's switch settings; heavy rows
+    replay the factors the bed's ranks drew in every epoch. The simulation's groups are the
+    hosts; the policy's are two halves of the world (its default group size): None (not priced)
+    where they differ, as at 8 ranks on hosts of 2."""
+    if not policy_priced(bed):
+        return None
+    window, in_steps = straggler_window(bed, condition, settings)
+    delays = None
+    if condition == "heavy" and emulated(bed) and settings.replay_draws:
+        steps = cal.TRAIN_SAMPLES // settings.batch_size
+        delays = _drawn(float(bed.get("pareto_alpha", 2.0)), int(bed.get("seed", 0)), bed["ranks"], 0,
+                        steps * bed["epochs"])
+    defaults = knobs.KNOBS_BY_KEY
+    ends, samples, _ = simulate.policy_epochs(
+        slow, bed["epochs"], window, in_steps, interval=int(defaults["switch_interval"].default),
+        threshold=float(defaults["switch_threshold"].default), patience=int(defaults["switch_patience"].default),
+        policy_overhead_ms=policy_s * 1e3, delays=delays)
+    return steady_rate(ends, samples)
 
 
 def hybrid_calibration(bed: dict, row: dict) -> bool:
@@ -228,24 +271,49 @@ def hybrid_calibration(bed: dict, row: dict) -> bool:
 
 def fit_hybrid(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> Optional[float]:
     """Hybrid's per-step bookkeeping (seconds) that makes the model meet the calibration rows
-    (:func:`hybrid_calibration`), their mean; None without such a row. Bisection: the predicted
-    rate falls as the cost grows."""
+    (:func:`hybrid_calibration`), their mean; None without such a row."""
+    return _fit_cost(beds, constants, settings, "hybrid", hybrid_calibration)
+
+
+def policy_priced(bed: dict) -> bool:
+    """Whether the policy's groups (two halves of the world) are the bed's hosts."""
+    return bed["hosts"][0] == bed["ranks"] // 2
+
+
+def policy_calibration(bed: dict, row: dict) -> bool:
+    """A policy row that measures the policy's own per-step cost: no straggler, so it stays in
+    sync and its steps cost sync's plus its timing and the negotiation of its process sets."""
+    return (emulated(bed) and policy_priced(bed) and row["mode"] == "policy" and row["straggler"] == "none"
+            and bool(measured(row)))
+
+
+def fit_policy(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> Optional[float]:
+    """The straggler policy's own per-step cost (seconds) that makes the model meet its rows
+    without a straggler (:func:`policy_calibration`), their mean; None without such a row."""
+    return _fit_cost(beds, constants, settings, "policy", policy_calibration)
+
+
+def _fit_cost(beds, constants, settings, mode, calibration) -> Optional[float]:
+    """The per-step cost of `mode` that meets each of its `calibration` rows, their mean.
+    Bisection: the predicted rate falls as the cost grows."""
     found = []
     for bed in beds:
         for row in bed["rows"]:
-            if not hybrid_calibration(bed, row):
+            if not calibration(bed, row):
                 continue
-            low, high = 0.0, 0.1
-            efficiency = constants.get("efficiency", 1.0)
-            if predict(bed, "hybrid", "none", constants["alpha_s"], constants["overhead_s"], settings, 0.0,
-                       efficiency) <= measured(row):
+
+            def rate(cost):
+                hybrid = cost if mode == "hybrid" else (constants.get("hybrid_s") or 0.0)
+                return predict(bed, mode, "none", constants["alpha_s"], constants["overhead_s"], settings, hybrid,
+                               constants.get("efficiency", 1.0), cost if mode == "policy" else 0.0)
+
+            if rate(0.0) <= measured(row):
                 found.append(0.0)
                 continue
+            low, high = 0.0, 0.1
             for _ in range(40):
                 middle = (low + high) / 2
-                rate = predict(bed, "hybrid", "none", constants["alpha_s"], constants["overhead_s"], settings, middle,
-                               efficiency)
-                low, high = (middle, high) if rate > measured(row) else (low, middle)
+                low, high = (middle, high) if rate(middle) > measured(row) else (low, middle)
             found.append((low + high) / 2)
     return float(np.mean(found)) if found else None
 
@@ -290,11 +358,12 @@ def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> Li
                    "straggler": row["straggler"], "mode": row["mode"], "measured": measured(row),
                    "measured_as": "steady" if row.get("steady_samples_per_s") else "whole run",
                    "predicted": None, "error": None, "within": None,
-                   "fitted": sync_point(bed, row, settings) is not None or hybrid_calibration(bed, row)}
-            if emulated(bed) and row["mode"] in costs.MODES:  # not the switch policy: no model of it
+                   "fitted": sync_point(bed, row, settings) is not None or hybrid_calibration(bed, row)
+                   or policy_calibration(bed, row)}
+            if emulated(bed) and row["mode"] in costs.MODES + ("policy",):
                 out["predicted"] = predict(bed, row["mode"], row["straggler"], constants["alpha_s"],
                                            constants["overhead_s"], settings, constants.get("hybrid_s") or 0.0,
-                                           constants.get("efficiency", 1.0))
+                                           constants.get("efficiency", 1.0), constants.get("policy_s") or 0.0)
             if out["predicted"] is not None and out["measured"]:
                 out["error"] = out["predicted"] / out["measured"] - 1
                 out["within"] = bool(abs(out["error"]) <= settings.tolerance)
@@ -313,10 +382,13 @@ def render(rows: List[dict], constants: dict, settings: Settings, paths: List[st
     hybrid = constants.get("hybrid_s")
     fitted += ("; hybrid's own per-step cost = " + (f"{hybrid * 1e3:.1f} ms, fitted on its rows of one rank per "
                "host without a straggler" if hybrid is not None else "0 (no hybrid row of one rank per host)"))
+    policy = constants.get("policy_s")
+    fitted += ("; the straggler policy's own per-step cost = " + (f"{policy * 1e3:.1f} ms, fitted on its rows "
+               "without a straggler" if policy is not None else "0 (no policy row without a straggler)"))
     checked = [r for r in rows if r["within"] is not None and not r["fitted"]]
     per_mode = ", ".join(f"{mode} {sum(r['within'] for r in checked if r['mode'] == mode)} of "
                          f"{sum(r['mode'] == mode for r in checked)}"
-                         for mode in costs.MODES if any(r["mode"] == mode for r in checked))
+                         for mode in costs.MODES + ("policy",) if any(r["mode"] == mode for r in checked))
     lines = ["## The cost model against the bed", "",
              f"`python -m benchmarks.bed_model {' '.join(os.path.basename(p) for p in paths)}` — "
              f"costs.Job of each row as the bed ran it (benchmarks/bed_model.py); {fitted}. Rows marked fit "
@@ -349,6 +421,7 @@ def run(paths: List[str], settings: Settings = DEFAULT) -> str:
     constants = fit([p[0] for p in points], [p[1] for p in points], settings.fixed_alpha_us / 1e6,
                     [p[2] for p in points], [p[3] for p in points])
     constants["hybrid_s"] = fit_hybrid(beds, constants, settings)
+    constants["policy_s"] = fit_policy(beds, constants, settings)
     rows = table(beds, constants, settings)
     text = render(rows, constants, settings, paths)
     folder = os.path.dirname(os.path.abspath(paths[0]))

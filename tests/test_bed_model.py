@@ -209,7 +209,9 @@ def test_the_command_fits_sync_rows_of_three_beds_and_writes_the_table(tmp_path)
     assert out["fit"]["alpha_s"] == pytest.approx(ALPHA, rel=1e-6)
     assert out["fit"]["overhead_s"] == pytest.approx(OVERHEAD, rel=1e-6)
     assert len(out["rows"]) == 12 and [r["within"] for r in out["rows"] if r["mode"] == "sync"] == [True] * 6
-    assert [r["predicted"] for r in out["rows"] if r["mode"] == "policy"] == [None] * 3  # not priced, still listed
+    # The policy priced at 2 and 4 ranks (its two groups are the hosts), not at 8 on hosts of 2: still listed.
+    policy = [r["predicted"] for r in out["rows"] if r["mode"] == "policy"]
+    assert policy[0] > 0 and policy[1] > 0 and policy[2] is None
     assert all(abs(r["error"]) < 1e-6 for r in out["rows"] if r["mode"] == "sync")
     assert "| 8 | 1gbit | none | hybrid |" in result.stdout and "| 300 * |" in result.stdout
     assert "<!-- bench:bed_model:begin -->" in (tmp_path / "BENCHMARKS.md").read_text()
@@ -274,3 +276,23 @@ def test_a_heavy_row_replays_the_draws_of_the_measured_epochs_and_sync_waits_for
     # the fit's sync point of a heavy row takes the same waits
     point = bed_model.sync_point(small, {"mode": "sync", "straggler": "heavy", "samples_per_s": 100.0})
     assert point[1] == pytest.approx(64 / 100.0 - (WAIT * draws).max(axis=1).mean(), rel=1e-12)
+
+
+def test_the_policys_rows_are_simulated_and_its_own_cost_is_fitted_on_its_rows_without_a_straggler():
+    """The straggler policy (benchmarks.bed_model.policy_rate): with no straggler it stays in
+    sync, so its row is sync's formula with its own cost added to every step, and a row at that
+    rate gives the cost back; with a persistent straggler it leaves sync in the first epoch and
+    runs at hybrid's pace (its own cost 0 here), far above sync's. Rated as the bed rates a run
+    (its mean samples an epoch), the first epoch's sync steps, all of them done by both groups,
+    lift it up to 15 % above hybrid's."""
+    six = dict(bed(rows=(("none", "policy", 64 / (WAIT + OVERHEAD + 0.004 + ring(4, MBIT * 1e6))),
+                         ("persistent", "policy", 100.0))), epochs=6)
+    steady = bed_model.predict(six, "policy", "none", ALPHA, OVERHEAD, policy_s=0.004)
+    assert steady == pytest.approx(six["rows"][0]["samples_per_s"], rel=1e-9)
+    constants = {"alpha_s": ALPHA, "overhead_s": OVERHEAD}
+    assert bed_model.fit_policy([six], constants) == pytest.approx(0.004, rel=1e-6)
+    assert [bed_model.policy_calibration(six, r) for r in six["rows"]] == [True, False]
+    policy = bed_model.predict(six, "policy", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    hybrid = bed_model.predict(six, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    sync = bed_model.predict(six, "sync", "persistent", ALPHA, OVERHEAD)
+    assert 0.95 * hybrid < policy < 1.15 * hybrid and policy > 1.5 * sync

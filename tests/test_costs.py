@@ -8,7 +8,7 @@ import pytest
 
 from tests import reference
 from tests.conftest import PYTHON, REPO, clean_env
-from tfsyncmodes import costs
+from tfsyncmodes import costs, simulate
 
 T, B, GBIT, ALPHA, BATCH = 0.05, 4e6, 10.0, 50e-6, 64
 
@@ -184,7 +184,7 @@ def test_hybrid_rounds_simulated_follow_the_plan_worked_by_hand():
     (the slow one's 4 x 0.2) + C; its average is 0.2 s, so its plan is round(4 x 0.1 / 0.2) = 2;
     round 2: 2 and 4 steps (0.4 s + C); the fast one has run the epoch's 8 steps, so the epoch
     ends with 6 + 8 steps. Every later epoch: two rounds of 2 and 4 steps (0.4 s + C each)."""
-    ends, samples = costs.hybrid_epochs(_two_hosts(straggler=2.0), epochs=3)
+    ends, samples = simulate.hybrid_epochs(_two_hosts(straggler=2.0), epochs=3)
     np.testing.assert_allclose(ends, [1.2 + 2 * C, 2.0 + 4 * C, 2.8 + 6 * C], rtol=1e-9)
     np.testing.assert_array_equal(samples, [14 * BATCH, 12 * BATCH, 12 * BATCH])
 
@@ -203,13 +203,13 @@ def test_hybrid_rounds_simulated_lag_a_straggler_that_starts_mid_run():
       0.5285 s (11.4). Round 2: 1 slow step, 0.4 s + C, ending the epoch at 2.6 + 4C with 5 + 8
       steps; that step (weighing 1 - 0.7 ** 4) puts the average at 0.32941 too: epoch 3 as above."""
     nearest = _two_hosts(straggler=3.5, plan_rule="nearest")
-    ends, samples = costs.hybrid_epochs(nearest, epochs=3, window=(0.8, np.inf))
+    ends, samples = simulate.hybrid_epochs(nearest, epochs=3, window=(0.8, np.inf))
     np.testing.assert_allclose(ends, [0.8 + 2 * C, 2.9 + 4 * C, 3.7 + 6 * C], rtol=1e-9)
     np.testing.assert_array_equal(samples, [16 * BATCH, 14 * BATCH, 10 * BATCH])
     # A window of the slow rank's own steps from its 9th: the same epochs here.
-    in_steps, _ = costs.hybrid_epochs(nearest, epochs=3, window=(8, 10 ** 6), in_steps=True)
+    in_steps, _ = simulate.hybrid_epochs(nearest, epochs=3, window=(8, 10 ** 6), in_steps=True)
     np.testing.assert_allclose(in_steps, ends, rtol=1e-9)
-    ends, samples = costs.hybrid_epochs(_two_hosts(straggler=3.5), epochs=3, window=(0.8, np.inf))
+    ends, samples = simulate.hybrid_epochs(_two_hosts(straggler=3.5), epochs=3, window=(0.8, np.inf))
     np.testing.assert_allclose(ends, [0.8 + 2 * C, 2.6 + 4 * C, 3.4 + 6 * C], rtol=1e-9)
     np.testing.assert_array_equal(samples, [16 * BATCH, 13 * BATCH, 10 * BATCH])
 
@@ -218,7 +218,7 @@ def test_hybrid_rounds_simulated_agree_with_the_closed_form_for_a_persistent_str
     """Two routes of the model to one figure: the closed form (mean step times, the plan they
     give) and the round-by-round simulation over a persistent straggler, after its first epoch."""
     one = job(straggler=4.0, local_steps="auto", epoch_steps=22)
-    ends, samples = costs.hybrid_epochs(one, epochs=8)
+    ends, samples = simulate.hybrid_epochs(one, epochs=8)
     simulated = samples[1:].sum() / (ends[-1] - ends[0])
     assert simulated == pytest.approx(costs.predict(one)["hybrid"], rel=0.03)
 
@@ -226,10 +226,10 @@ def test_hybrid_rounds_simulated_agree_with_the_closed_form_for_a_persistent_str
 def test_hybrid_rounds_simulated_refuse_what_they_do_not_model_and_share_the_planners_weight():
     from tfsyncmodes.exchange import local_steps
 
-    assert costs.NEWEST == local_steps.NEWEST
+    assert simulate.NEWEST == local_steps.NEWEST
     for bad in (dict(local_steps="fixed"), dict(ranks=1, ranks_per_host=1), dict(epoch_steps=0)):
         with pytest.raises(ValueError, match="hybrid_epochs"):
-            costs.hybrid_epochs(_two_hosts(**bad), epochs=1)
+            simulate.hybrid_epochs(_two_hosts(**bad), epochs=1)
     with pytest.raises(ValueError, match="plan_rule"):
         _two_hosts(plan_rule="floor")
 

@@ -35,9 +35,8 @@ What a step costs, for ``ranks`` ranks of which ``ranks_per_host`` share a host:
   not divide into rounds: every group ends an epoch at the same round) and the others their
   share of it in whole steps (:func:`plan_steps`, at least one), so slow groups do less of the work; a
   round waits for the group whose steps added up longest (Monte Carlo over the rounds).
-- **hybrid, a straggler that comes and goes** (:func:`hybrid_epochs`): the rounds simulated one
-  by one over wall time with the trainer's plan, which learns each group's speed from its
-  steps before (a moving average), so it lags a straggler's start and end.
+- **hybrid, a straggler that comes and goes**, and **the straggler policy**: simulated step by
+  step over wall time in :mod:`tfsyncmodes.simulate`.
 
 It predicts throughput (samples per second), not how many samples each mode needs to reach a
 given accuracy (async and hybrid usually need more than sync). Sizes are in bytes, times in
@@ -52,7 +51,6 @@ import numpy as np
 
 MODES = ("sync", "async", "hybrid")
 SAMPLES = 4000  # Monte Carlo steps per expectation
-NEWEST = 0.3  # hybrid's planner: the newest step's weight in a group's moving average (local_steps.NEWEST)
 SEED = 0
 
 
@@ -172,8 +170,8 @@ def predict(job: Job, delays=None) -> Dict[str, float]:
 def hybrid_rate(job: Job, times: np.ndarray, latency: float) -> float:
     """Hybrid's samples per second from (steps, ranks) compute times."""
     k = job.ranks_per_host
-    steps = times.reshape(len(times), job.hosts, k).max(axis=2) + _inner_seconds(job, latency)
-    cross = _cross_seconds(job, latency)
+    steps = times.reshape(len(times), job.hosts, k).max(axis=2) + inner_seconds(job, latency)
+    cross = cross_seconds(job, latency)
     if job.local_steps == "fixed" or job.hosts == 1:
         return job.ranks * job.batch * job.period / (_mean_round(steps, job.period) + cross)
     mean = steps.mean(axis=0)
@@ -199,13 +197,13 @@ def plan_steps(times, period: int, rule: str = "most_steps") -> np.ndarray:
     return steps[int(np.flatnonzero(per_second * (1 + 1e-9) >= per_second.max())[0])].astype(int)
 
 
-def _inner_seconds(job: Job, latency: float) -> float:
+def inner_seconds(job: Job, latency: float) -> float:
     """What a hybrid step adds to its group's slowest compute: the allreduce inside the host and
     hybrid's own bookkeeping."""
     return allreduce_seconds(job.ranks_per_host, job.grad_bytes, job.host_gbit, latency) + job.hybrid_overhead_ms / 1e3
 
 
-def _cross_seconds(job: Job, latency: float) -> float:
+def cross_seconds(job: Job, latency: float) -> float:
     """One round's average across hosts (and, with ``local_steps="auto"``, the plan's allgather)."""
     k, size = job.ranks_per_host, job.grad_bytes
     if job.hybrid_slices:  # k slices share the link, then the host gathers them
@@ -216,48 +214,6 @@ def _cross_seconds(job: Job, latency: float) -> float:
     if job.local_steps == "auto" and job.hosts > 1:
         cross += (job.ranks - 1) * latency  # the plan's allgather over every rank
     return cross
-
-
-def hybrid_epochs(job: Job, epochs: int, window=(0.0, np.inf), in_steps: bool = False):
-    """Hybrid with ``local_steps="auto"`` simulated round by round, for a straggler that comes
-    and goes: rank 0 is ``job.straggler`` times slower inside `window` (seconds after the first
-    step; `in_steps`: its own steps [a, b)), no tail. The plan is the trainer's
-    (:mod:`tfsyncmodes.exchange.local_steps`): each group's step time is a moving average in
-    which the newest step weighs ``1 - 0.7 ** (period / planned)``, the first step of an epoch
-    unmeasured; the fastest group runs ``period`` steps a round, the others in proportion,
-    clipped to the steps each has left; an epoch ends after the round where a group has run
-    ``epoch_steps``. Returns (each epoch's end, seconds after the first step; each epoch's samples)."""
-    if job.local_steps != "auto" or job.hosts < 2 or job.epoch_steps < 1:
-        raise ValueError("hybrid_epochs simulates local_steps='auto' over 2 hosts or more with epoch_steps >= 1")
-    latency, period, length = job.latency_us / 1e6, job.period, job.epoch_steps
-    inner, cross = _inner_seconds(job, latency), _cross_seconds(job, latency)
-    base, overhead, groups = job.step_ms / 1e3, job.overhead_ms / 1e3, job.hosts
-    average, plan, ran = np.zeros(groups), np.zeros(groups, int), np.zeros(groups, int)
-    now, ends, samples = 0.0, [], []
-    for _ in range(epochs):
-        in_epoch, measured = np.zeros(groups, int), np.zeros(groups, bool)  # an epoch's first step: no time
-        while True:
-            planned = np.where(plan > 0, plan, min(period, length))
-            finish = np.full(groups, now)
-            for g in range(groups):
-                keep = (1.0 - NEWEST) ** (period / planned[g])
-                for _ in range(planned[g]):
-                    slow = g == 0 and window[0] <= (ran[g] if in_steps else finish[g]) < window[1]
-                    took = base * (job.straggler if slow else 1.0) + overhead + inner
-                    if measured[g]:
-                        average[g] = keep * average[g] + (1 - keep) * took if average[g] > 0 else took
-                    finish[g] += took
-                    ran[g], in_epoch[g], measured[g] = ran[g] + 1, in_epoch[g] + 1, True
-            now = float(finish.max()) + cross
-            left, fastest = length - in_epoch, average.min()
-            speed = plan_steps(average, period, job.plan_rule) if fastest > 0 else np.full(groups, period)
-            over = bool((left <= 0).any())
-            plan = np.minimum(speed, length if over else np.maximum(left, 1))
-            if over:
-                break
-        ends.append(now)
-        samples.append(int(in_epoch.sum()) * job.ranks_per_host * job.batch)
-    return np.array(ends), np.array(samples)
 
 
 def _round_wait(steps: np.ndarray, plan: np.ndarray) -> float:
