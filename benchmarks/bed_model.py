@@ -11,13 +11,13 @@ a fitted per-step overhead, gradients of ``emulated_parameters() * 4`` bytes, th
 ``--loopback_gbit``), hybrid's period and local steps at the trainer's defaults, hybrid's average
 in slices where the file says so, one ps. persistent = rank 1 four times slower; heavy =
 Pareto(``pareto_alpha``) factors of mean 1, the very factors the bed's ranks drew in the measured
-epochs (:func:`run_delays`; ``--noreplay_draws``: drawn afresh); transient = four times slower from F to E seconds after the first step
+epochs (:func:`benchmarks.bed_rows.run_delays`; ``--noreplay_draws``: drawn afresh); transient = four times slower from F to E seconds after the first step
 (``transient_window_s``): samples go at r_fast before F and after E and at r_slow between, and
 the rate is the one over the epochs after the first, as measured (older files: slow
 in the middle third of the steps, the time-weighted mix; exact for sync, an approximation for
-async); hybrid's transient rows are simulated round by round (:func:`hybrid_transient`), its
+async); hybrid's transient rows are simulated round by round (:func:`benchmarks.bed_rows.hybrid_transient`), its
 speed-proportional plan lagging the window's start and end. The straggler policy (mode ``policy``)
-is simulated step by step (:func:`policy_rate`): sync judged in windows, hybrid's rounds after a
+is simulated step by step (:func:`benchmarks.bed_rows.policy_rate`): sync judged in windows, hybrid's rounds after a
 switch, back at an epoch's end, as the trainer does, with its own per-step cost fitted on its
 rows without a straggler. ``--compute=real`` files enter the fit only.
 Measured: the steady rate (after the first epoch) where the bed recorded it, else the run's.
@@ -35,35 +35,21 @@ section of BENCHMARKS.md there.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import numpy as np
 from absl import app, flags
 
 from benchmarks import bed_calibration as cal
 from benchmarks.bed_fit import fit
+from benchmarks.bed_rows import (DEFAULT, BadInput, Settings, emulated, job, load, measured, measured_samples,
+                                 policy_priced, predict, run_delays, transient_fraction)
 from benchmarks.benchlib import replace_section
-from tfsyncmodes import costs, knobs, simulate
+from tfsyncmodes import costs
 
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The flags, for callers that do not parse them."""
-
-    tolerance: float = 0.15
-    fixed_alpha_us: float = 50.0
-    loopback_gbit: float = 10.0
-    batch_size: int = 64
-    replay_draws: bool = True
-
-
-DEFAULT = Settings()
 flags.DEFINE_float("tolerance", DEFAULT.tolerance, "Relative error that counts as a hit.")
 flags.DEFINE_float("fixed_alpha_us", DEFAULT.fixed_alpha_us, "α (microseconds) when the sync rows do not "
                    "span two N (the cost model's default latency).")
@@ -73,194 +59,6 @@ flags.DEFINE_bool("replay_draws", DEFAULT.replay_draws, "Heavy rows: replay the 
                   "over the measured epochs (seeded by --seed, rank and step) instead of drawing afresh.")
 FLAGS = flags.FLAGS
 NAME = "benchmarks.bed_model"
-
-
-class BadInput(Exception):
-    """Input the model cannot price: one line for the user."""
-
-
-def load(path: str) -> dict:
-    """A bed JSON, checked for what the model reads."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            bed = json.load(handle)
-    except OSError as error:
-        raise BadInput(f"{path}: cannot be read ({error.strerror}); give a bed JSON such as docs/bed_4r_1gbit.json")
-    except ValueError as error:
-        raise BadInput(f"{path}: is not JSON ({error}); give a bed JSON written by benchmarks.bed")
-    if not isinstance(bed, dict) or not isinstance(bed.get("rows"), list) or not bed["rows"]:
-        raise BadInput(f"{path}: has no rows; give a bed JSON written by benchmarks.bed")
-    for key in ("ranks", "hosts", "link", "measured_mbit_s", "emulated_step_ms", "epochs"):
-        if key not in bed:
-            raise BadInput(f"{path}: has no {key!r}; give a bed JSON written by benchmarks.bed")
-    hosts = bed["hosts"]
-    if len(set(hosts)) != 1 or sum(hosts) != bed["ranks"]:
-        raise BadInput(f"{path}: hosts {hosts} are not equal groups of {bed['ranks']} ranks")
-    for row in bed["rows"]:
-        if not isinstance(row.get("mode"), str) or row.get("straggler") not in cal.STRAGGLERS:
-            raise BadInput(f"{path}: row {row.get('straggler')!r}/{row.get('mode')!r} is not a condition/mode of the bed")
-    return bed
-
-
-def measured(row: dict) -> Optional[float]:
-    """The row's steady rate (after the first epoch: tracing and start-up excluded, what the model
-    prices) where the bed recorded it, else its whole-run rate."""
-    return row.get("steady_samples_per_s") or row.get("samples_per_s")
-
-
-def emulated(bed: dict) -> bool:
-    return bed.get("compute", "emulated") == "emulated"
-
-
-def transient_steps(bed: dict, settings: Settings = DEFAULT) -> tuple:
-    """(first, end, steps): the slow rank's own steps [first, end) of its `steps`, in a file whose
-    transient window is in steps (the middle third)."""
-    steps = cal.TRAIN_SAMPLES // settings.batch_size * bed["epochs"]
-    first = steps // 3
-    return first, max(first + 1, 2 * steps // 3), steps
-
-
-def transient_fraction(bed: dict, settings: Settings = DEFAULT) -> float:
-    """The share of its steps the transient straggler is slow, in a file whose window is in steps."""
-    first, end, steps = transient_steps(bed, settings)
-    return (end - first) / steps
-
-
-def measured_samples(bed: dict, settings: Settings = DEFAULT) -> int:
-    """The samples the measured rate covers: every epoch's but the first (the steady rate)."""
-    return cal.TRAIN_SAMPLES // settings.batch_size * settings.batch_size * (bed["epochs"] - 1)
-
-
-def transient_rate(bed: dict, slow: float, fast: float, settings: Settings = DEFAULT) -> float:
-    """The rate of a run slowed to `slow` samples/s in the transient window, `fast` outside it."""
-    if "transient_window_s" not in bed:
-        share = transient_fraction(bed, settings)
-        return 1.0 / (share / slow + (1 - share) / fast)
-    first, end = bed["transient_window_s"]
-    epoch = cal.TRAIN_SAMPLES // settings.batch_size * settings.batch_size
-
-    def seconds_at(samples: float) -> float:  # after the first step: fast, slow in the window, fast
-        before = fast * first
-        if samples <= before:
-            return samples / fast
-        during = before + slow * (end - first)
-        if samples <= during:
-            return first + (samples - before) / slow
-        return end + (samples - during) / fast
-
-    # The measured rate spans the epochs after the first: the part of the window inside them.
-    return measured_samples(bed, settings) / (seconds_at(epoch * bed["epochs"]) - seconds_at(epoch))
-
-
-@functools.lru_cache(maxsize=None)
-def _drawn(alpha: float, seed: int, ranks: int, first: int, end: int) -> np.ndarray:
-    from tfsyncmodes.examples.emulated_compute import jitter_factors  # TensorFlow: only for heavy rows
-
-    return np.stack([jitter_factors(f"pareto:{alpha:g}", seed, rank, end)[first:] for rank in range(ranks)], axis=1)
-
-
-def run_delays(bed: dict, condition: str, settings: Settings = DEFAULT) -> Optional[np.ndarray]:
-    """(steps, ranks): the Pareto factors a heavy row's ranks drew in the steps its measured rate
-    spans (the epochs after the first). The trainer seeds each draw by (``--seed``, rank, step),
-    so every run of a file drew the same ones; a short run's draws of a tail without a finite
-    variance can sit far from the distribution's expectations. None: nothing to replay (another
-    condition, real compute, or ``replay_draws`` off)."""
-    if condition != "heavy" or not emulated(bed) or not settings.replay_draws:
-        return None
-    steps = cal.TRAIN_SAMPLES // settings.batch_size
-    return _drawn(float(bed.get("pareto_alpha", 2.0)), int(bed.get("seed", 0)), bed["ranks"], steps,
-                  steps * bed["epochs"])
-
-
-def async_across(bed: dict) -> bool:
-    """Whether the file's async runs crossed the namespaces' shaped links (else loopback)."""
-    return str(bed.get("async_on", "")).startswith("namespaces")
-
-
-def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
-        settings: Settings = DEFAULT, hybrid_s: float = 0.0, efficiency: float = 1.0) -> costs.Job:
-    """The costs.Job of `mode` under `condition` (transient: its slow phase) as the bed ran it;
-    `efficiency`: the share of the measured link rate a collective gets (fitted, see :func:`fit`)."""
-    ranks = bed["ranks"]
-    hybrid = knobs.KNOBS_BY_KEY
-    on_loopback = mode == "async" and not async_across(bed)
-    link = settings.loopback_gbit if on_loopback else efficiency * bed["measured_mbit_s"] / 1e3
-    return costs.Job(ranks=ranks, ranks_per_host=bed["hosts"][0], step_ms=bed["emulated_step_ms"],
-                     overhead_ms=overhead_s * 1e3, grad_mb=cal.emulated_parameters() * 4 / 1e6, link_gbit=link,
-                     host_gbit=settings.loopback_gbit, latency_us=alpha_s * 1e6, batch=settings.batch_size // ranks,
-                     straggler=cal.SLOW_FACTOR if condition in ("persistent", "transient") else 1.0,
-                     pareto_alpha=bed.get("pareto_alpha", 2.0) if condition == "heavy" else 0.0,
-                     period=hybrid["period"].default_for("hybrid"), epoch_steps=cal.TRAIN_SAMPLES // settings.batch_size,
-                     local_steps=hybrid["local_steps"].default_for("hybrid"), hybrid_overhead_ms=hybrid_s * 1e3,
-                     hybrid_slices=bed.get("hybrid_exchange") == "slices", ps=1,
-                     plan_rule=bed.get("plan_rule", "nearest"))
-
-
-def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
-            settings: Settings = DEFAULT, hybrid_s: float = 0.0, efficiency: float = 1.0,
-            policy_s: float = 0.0) -> Optional[float]:
-    """Predicted samples/s of one row (`policy_s`: the straggler policy's own per-step cost;
-    None: a row the model does not price)."""
-    slow = job(bed, mode, condition, alpha_s, overhead_s, settings, hybrid_s, efficiency)
-    if mode == "policy":
-        return policy_rate(bed, slow, condition, settings, policy_s)
-    if condition == "transient" and mode == "hybrid":
-        return hybrid_transient(bed, slow, settings)
-    rate = costs.predict(slow, run_delays(bed, condition, settings))[mode]
-    if condition != "transient":
-        return rate
-    fast = costs.predict(job(bed, mode, "none", alpha_s, overhead_s, settings, hybrid_s, efficiency))[mode]
-    return transient_rate(bed, rate, fast, settings)
-
-
-def hybrid_transient(bed: dict, slow: costs.Job, settings: Settings = DEFAULT) -> float:
-    """Hybrid's steady rate under the transient straggler, simulated round by round
-    (:func:`tfsyncmodes.costs.hybrid_epochs`): its plan learns each group's speed from the
-    steps before, so it lags the window's start and end. Rated as the bed rates a run: the
-    run's samples over its epochs, times the epochs after the first, over their seconds."""
-    window, in_steps = straggler_window(bed, "transient", settings)
-    ends, samples = simulate.hybrid_epochs(slow, bed["epochs"], window, in_steps)
-    return steady_rate(ends, samples)
-
-
-def steady_rate(ends: np.ndarray, samples: np.ndarray) -> float:
-    """A simulated run rated as the bed rates one: its samples over its epochs, times the
-    epochs after the first, over their seconds."""
-    return float(samples.mean()) * (len(ends) - 1) / float(ends[-1] - ends[0])
-
-
-def straggler_window(bed: dict, condition: str, settings: Settings = DEFAULT) -> tuple:
-    """(window, in_steps) of the slow rank under `condition`: the transient window in seconds or
-    in its own steps, else the whole run."""
-    if condition != "transient":
-        return (0.0, np.inf), False
-    if "transient_window_s" in bed:
-        return tuple(bed["transient_window_s"]), False
-    return transient_steps(bed, settings)[:2], True
-
-
-def policy_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings = DEFAULT,
-                policy_s: float = 0.0) -> Optional[float]:
-    """The straggler policy's steady rate, simulated step by step
-    (:func:`tfsyncmodes.simulate.policy_epochs`) with the trainer's switch settings; heavy rows
-    replay the factors the bed's ranks drew in every epoch. The simulation's groups are the
-    hosts; the policy's are two halves of the world (its default group size): None (not priced)
-    where they differ, as at 8 ranks on hosts of 2."""
-    if not policy_priced(bed):
-        return None
-    window, in_steps = straggler_window(bed, condition, settings)
-    delays = None
-    if condition == "heavy" and emulated(bed) and settings.replay_draws:
-        steps = cal.TRAIN_SAMPLES // settings.batch_size
-        delays = _drawn(float(bed.get("pareto_alpha", 2.0)), int(bed.get("seed", 0)), bed["ranks"], 0,
-                        steps * bed["epochs"])
-    defaults = knobs.KNOBS_BY_KEY
-    ends, samples, _ = simulate.policy_epochs(
-        slow, bed["epochs"], window, in_steps, interval=int(defaults["switch_interval"].default),
-        threshold=float(defaults["switch_threshold"].default), patience=int(defaults["switch_patience"].default),
-        policy_overhead_ms=policy_s * 1e3, delays=delays)
-    return steady_rate(ends, samples)
-
 
 def hybrid_calibration(bed: dict, row: dict) -> bool:
     """A hybrid row that measures hybrid's own per-step cost: one rank per host and no
@@ -273,11 +71,6 @@ def fit_hybrid(beds: List[dict], constants: dict, settings: Settings = DEFAULT) 
     """Hybrid's per-step bookkeeping (seconds) that makes the model meet the calibration rows
     (:func:`hybrid_calibration`), their mean; None without such a row."""
     return _fit_cost(beds, constants, settings, "hybrid", hybrid_calibration)
-
-
-def policy_priced(bed: dict) -> bool:
-    """Whether the policy's groups (two halves of the world) are the bed's hosts."""
-    return bed["hosts"][0] == bed["ranks"] // 2
 
 
 def policy_calibration(bed: dict, row: dict) -> bool:

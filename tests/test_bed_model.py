@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from benchmarks import bed_fit, bed_model
+from benchmarks import bed_fit, bed_model, bed_rows
 from tests.conftest import PYTHON, REPO, clean_env
 from tfsyncmodes import costs
 
@@ -37,16 +37,16 @@ def sync_rate(n, slowest):  # the bed's global batch is 64 at every N: 64 / N sa
 
 def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
     small = bed()
-    job = bed_model.job(small, "sync", "persistent", ALPHA, OVERHEAD)
+    job = bed_rows.job(small, "sync", "persistent", ALPHA, OVERHEAD)
     assert (job.ranks, job.ranks_per_host, job.batch, job.grad_bytes) == (4, 2, BATCH, B)
     assert (job.link_gbit, job.straggler, job.overhead_ms, job.period, job.local_steps) == (0.02, 4, 10.0, 8, "auto")
     # sync: E[max over ranks of compute] + 2 (N-1) α + 2 (N-1)/N B/β
-    assert bed_model.predict(small, "sync", "none", ALPHA, OVERHEAD) == pytest.approx(sync_rate(4, WAIT), rel=1e-12)
-    assert bed_model.predict(small, "sync", "persistent", ALPHA, OVERHEAD) == pytest.approx(sync_rate(4, 4 * WAIT), rel=1e-12)
+    assert bed_rows.predict(small, "sync", "none", ALPHA, OVERHEAD) == pytest.approx(sync_rate(4, WAIT), rel=1e-12)
+    assert bed_rows.predict(small, "sync", "persistent", ALPHA, OVERHEAD) == pytest.approx(sync_rate(4, 4 * WAIT), rel=1e-12)
     # transient: slow in steps [22, 44) of 1437 // 64 * 3 = 66: the time-weighted mix
     share = (44 - 22) / 66
     want = 1 / (share / sync_rate(4, 4 * WAIT) + (1 - share) / sync_rate(4, WAIT))
-    assert bed_model.predict(small, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
+    assert bed_rows.predict(small, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
     # A window from F to E seconds after the first step (beds since it is in seconds): samples
     # come at r_fast, r_slow inside the window, r_fast after it; the rate measured is over the
     # 2 epochs after the first (epochs of 22 * 64 samples), read off the samples-time curve.
@@ -58,19 +58,19 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
         done = np.cumsum([0.0, fast * first, slow * (end - first), fast * 1e6])
         start, stop = np.interp([epoch, 3 * epoch], done, times)
         want = 2 * epoch / (stop - start)
-        assert bed_model.predict(timed, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-9), window
-    heavy = bed_model.job(small, "sync", "heavy", ALPHA, OVERHEAD)
+        assert bed_rows.predict(timed, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-9), window
+    heavy = bed_rows.job(small, "sync", "heavy", ALPHA, OVERHEAD)
     assert (heavy.pareto_alpha, heavy.straggler, heavy.tail_sigma) == (2.0, 1.0, 0.0)
     # async: on loopback, each worker its own pace, one ps
     per_update = 2 * B * 8 / LOOP + 2 * ALPHA
     want = min(4 / (WAIT + OVERHEAD + per_update), LOOP / (B * 8)) * BATCH
-    assert bed_model.predict(small, "async", "none", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
+    assert bed_rows.predict(small, "async", "none", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
     # async across the namespaces: the shaped link at the fitted efficiency; the ps's link binds
     across = dict(small, async_on="namespaces: the chief and the ps on a host of their own, shaped alike")
     link = 0.9 * MBIT * 1e6
     own = 4 / (WAIT + OVERHEAD + 2 * B * 8 / link + 2 * ALPHA)
     assert link / (B * 8) < own
-    got = bed_model.predict(across, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
+    got = bed_rows.predict(across, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
     assert got == pytest.approx(link / (B * 8) * BATCH, rel=1e-12)
 
 
@@ -84,15 +84,15 @@ def test_hybrid_fixed_and_auto_with_a_persistent_straggler_are_the_round_formula
     small = bed()
     inner, cross = ring(2, LOOP), ring(2, MBIT * 1e6, models=2)
     fast, slow = WAIT + OVERHEAD + HYBRID + inner, 4 * WAIT + OVERHEAD + HYBRID + inner
-    job = bed_model.job(small, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    job = bed_rows.job(small, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
     assert (job.epoch_steps, job.hybrid_overhead_ms) == (22, pytest.approx(4.0))
     fixed = costs.predict(dataclasses.replace(job, local_steps="fixed"))["hybrid"]
     assert fixed == pytest.approx(8 * 4 * BATCH / (8 * slow + cross), rel=1e-12)
     steps = max(1, round(8 * fast / slow))  # the slow group's steps a round
     want = (22 / 3 + steps) * 2 * BATCH / (max(22 / 3 * fast, steps * slow) + cross + 3 * ALPHA)
-    got = bed_model.predict(small, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    got = bed_rows.predict(small, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
     assert got == pytest.approx(want, rel=1e-12)
-    none = bed_model.predict(small, "hybrid", "none", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    none = bed_rows.predict(small, "hybrid", "none", ALPHA, OVERHEAD, hybrid_s=HYBRID)
     assert none == pytest.approx(22 / 3 * 4 * BATCH / (22 / 3 * fast + cross + 3 * ALPHA), rel=1e-12)
 
 
@@ -106,20 +106,20 @@ def test_hybrids_transient_row_is_simulated_round_by_round_on_the_runs_time_line
     small = dict(bed(), epochs=6)
     inner, cross = ring(2, LOOP), ring(2, MBIT * 1e6, models=2) + 3 * ALPHA
     fast = WAIT + OVERHEAD + HYBRID + inner
-    after = bed_model.predict(dict(small, transient_window_s=[1e5, 2e5]), "hybrid", "transient", ALPHA, OVERHEAD,
+    after = bed_rows.predict(dict(small, transient_window_s=[1e5, 2e5]), "hybrid", "transient", ALPHA, OVERHEAD,
                               hybrid_s=HYBRID)
     assert after == pytest.approx(22 * 4 * BATCH / (22 * fast + 3 * cross), rel=1e-9)
-    whole = bed_model.predict(dict(small, transient_window_s=[0.0, 1e5]), "hybrid", "transient", ALPHA, OVERHEAD,
+    whole = bed_rows.predict(dict(small, transient_window_s=[0.0, 1e5]), "hybrid", "transient", ALPHA, OVERHEAD,
                               hybrid_s=HYBRID)
-    persistent = bed_model.predict(small, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    persistent = bed_rows.predict(small, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
     assert whole == pytest.approx(persistent, rel=0.03)
     timed = dict(small, transient_window_s=[3.0, 12.0])
-    middle = bed_model.predict(timed, "hybrid", "transient", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    middle = bed_rows.predict(timed, "hybrid", "transient", ALPHA, OVERHEAD, hybrid_s=HYBRID)
     assert whole < middle < after
     # The plan lags the window: its first rounds inside run the slow group's fast-time plan (the
     # fast group waits), its first rounds after it the slow-time plan. Below the time-weighted
     # mix of the two rates (the model before the simulation) by 5 % or more here.
-    assert middle < 0.95 * bed_model.transient_rate(timed, persistent, after)
+    assert middle < 0.95 * bed_rows.transient_rate(timed, persistent, after)
 
 
 def test_hybrids_own_step_cost_is_fitted_on_rows_of_one_rank_per_host_only():
@@ -264,22 +264,22 @@ def pareto_draws(alpha, seed, ranks, steps):
 def test_a_heavy_row_replays_the_draws_of_the_measured_epochs_and_sync_waits_for_each_steps_largest():
     small = dict(bed(), seed=5)  # 3 epochs of 22 steps: the measured rate spans steps 22-65
     draws = pareto_draws(2.0, 5, 4, 66)[22:]
-    assert bed_model.run_delays(small, "heavy") == pytest.approx(draws, rel=1e-12)
+    assert bed_rows.run_delays(small, "heavy") == pytest.approx(draws, rel=1e-12)
     want = 64 / ((WAIT * draws).max(axis=1).mean() + OVERHEAD + ring(4, MBIT * 1e6))
-    assert bed_model.predict(small, "sync", "heavy", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
+    assert bed_rows.predict(small, "sync", "heavy", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
     # drawn afresh instead: the distribution's expectation, not this run's
-    fresh = bed_model.predict(small, "sync", "heavy", ALPHA, OVERHEAD, bed_model.Settings(replay_draws=False))
-    assert fresh == pytest.approx(costs.predict(bed_model.job(small, "sync", "heavy", ALPHA, OVERHEAD))["sync"])
+    fresh = bed_rows.predict(small, "sync", "heavy", ALPHA, OVERHEAD, bed_rows.Settings(replay_draws=False))
+    assert fresh == pytest.approx(costs.predict(bed_rows.job(small, "sync", "heavy", ALPHA, OVERHEAD))["sync"])
     assert abs(fresh / want - 1) > 0.01
     for condition in ("none", "persistent", "transient"):
-        assert bed_model.run_delays(small, condition) is None
+        assert bed_rows.run_delays(small, condition) is None
     # the fit's sync point of a heavy row takes the same waits
     point = bed_model.sync_point(small, {"mode": "sync", "straggler": "heavy", "samples_per_s": 100.0})
     assert point[1] == pytest.approx(64 / 100.0 - (WAIT * draws).max(axis=1).mean(), rel=1e-12)
 
 
 def test_the_policys_rows_are_simulated_and_its_own_cost_is_fitted_on_its_rows_without_a_straggler():
-    """The straggler policy (benchmarks.bed_model.policy_rate): with no straggler it stays in
+    """The straggler policy (benchmarks.bed_rows.policy_rate): with no straggler it stays in
     sync, so its row is sync's formula with its own cost added to every step, and a row at that
     rate gives the cost back; with a persistent straggler it leaves sync in the first epoch and
     runs at hybrid's pace (its own cost 0 here), far above sync's. Rated as the bed rates a run
@@ -287,12 +287,12 @@ def test_the_policys_rows_are_simulated_and_its_own_cost_is_fitted_on_its_rows_w
     lift it up to 15 % above hybrid's."""
     six = dict(bed(rows=(("none", "policy", 64 / (WAIT + OVERHEAD + 0.004 + ring(4, MBIT * 1e6))),
                          ("persistent", "policy", 100.0))), epochs=6)
-    steady = bed_model.predict(six, "policy", "none", ALPHA, OVERHEAD, policy_s=0.004)
+    steady = bed_rows.predict(six, "policy", "none", ALPHA, OVERHEAD, policy_s=0.004)
     assert steady == pytest.approx(six["rows"][0]["samples_per_s"], rel=1e-9)
     constants = {"alpha_s": ALPHA, "overhead_s": OVERHEAD}
     assert bed_model.fit_policy([six], constants) == pytest.approx(0.004, rel=1e-6)
     assert [bed_model.policy_calibration(six, r) for r in six["rows"]] == [True, False]
-    policy = bed_model.predict(six, "policy", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
-    hybrid = bed_model.predict(six, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
-    sync = bed_model.predict(six, "sync", "persistent", ALPHA, OVERHEAD)
+    policy = bed_rows.predict(six, "policy", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    hybrid = bed_rows.predict(six, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+    sync = bed_rows.predict(six, "sync", "persistent", ALPHA, OVERHEAD)
     assert 0.95 * hybrid < policy < 1.15 * hybrid and policy > 1.5 * sync
