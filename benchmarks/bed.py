@@ -39,6 +39,7 @@ from benchmarks import bed_calibration as cal
 from benchmarks.bed_report import section
 from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, replace_section, repo_env
 from tfsync_testbed import localrun
+from tfsyncmodes import knobs
 
 flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8.")
 flags.DEFINE_enum("link", "1gbit", list(cal.LINK_CLASSES), "Link class between the hosts (scaled, see bed_calibration).")
@@ -292,7 +293,8 @@ def write(runs: dict, measured: float) -> None:
     result = {"ranks": FLAGS.ranks, "hosts": hosts_layout(FLAGS.ranks), "link": FLAGS.link, "compute": FLAGS.compute,
               "shaped": cal.tc_rate(FLAGS.link), "measured_mbit_s": round(measured / 1e6, 2),
               "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link), 1),
-              "emulated_step_ms": cal.EMU_STEP_MS, "hybrid_exchange": "slices", "plan_rule": "most_steps", "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
+              "emulated_step_ms": cal.EMU_STEP_MS, "hybrid_exchange": "slices", "plan_rule": "most_steps", "policy_rule": "barrier",
+              "switch_threshold": knobs.KNOBS_BY_KEY["switch_threshold"].default, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
               "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,

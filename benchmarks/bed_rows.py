@@ -201,7 +201,9 @@ def policy_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings =
                 policy_s: float = 0.0) -> Optional[float]:
     """The straggler policy's steady rate, simulated step by step
     (:func:`tfsyncmodes.simulate.policy_epochs`) with the trainer's switch settings; heavy rows
-    replay the factors the bed's ranks drew in every epoch. The simulation's groups are the
+    replay the factors the bed's ranks drew in every epoch; the decision's rule is the one the
+    file ran (``policy_rule``; before it was recorded, ``"mean"``), at its threshold
+    (``switch_threshold``; before, 1.5). The simulation's groups are the
     hosts; the policy's are two halves of the world (its default group size): None (not priced)
     where they differ, as at 8 ranks on hosts of 2."""
     if not policy_priced(bed):
@@ -215,6 +217,6 @@ def policy_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings =
     defaults = knobs.KNOBS_BY_KEY
     ends, samples, _ = simulate.policy_epochs(
         slow, bed["epochs"], window, in_steps, interval=int(defaults["switch_interval"].default),
-        threshold=float(defaults["switch_threshold"].default), patience=int(defaults["switch_patience"].default),
-        policy_overhead_ms=policy_s * 1e3, delays=delays)
+        threshold=float(bed.get("switch_threshold", 1.5)), patience=int(defaults["switch_patience"].default),
+        policy_overhead_ms=policy_s * 1e3, delays=delays, rule=bed.get("policy_rule", "mean"))
     return steady_rate(ends, samples)

@@ -26,8 +26,9 @@ def test_no_straggler_stays_in_sync_and_pays_its_own_cost_every_step():
 
 
 def test_a_straggler_that_leaves_is_judged_switched_away_from_and_back_as_worked_by_hand():
-    """Rank 0 four times as slow until 3.0 s; windows of 2 steps, patience 2 (ratio = slowest
-    over the median of the two: 0.4 / 0.25 = 1.6 in sync).
+    """The rule before 0.2.0 (`mean`: each rank's compute plus the allreduce in sync, its
+    group's moving average in hybrid). Rank 0 four times as slow until 3.0 s; windows of 2
+    steps, patience 2 (ratio = slowest over the median of the two: 0.401 / 0.2505 = 1.6 in sync).
 
     - Epoch 0: steps 1-2 untimed, windows at steps 4 and 6 at 1.6: hybrid after step 6 (2.4 +
       6C). Its first round runs the 2 steps left each (the slow one 0.8 s, no plan yet): the
@@ -39,10 +40,40 @@ def test_a_straggler_that_leaves_is_judged_switched_away_from_and_back_as_worked
     - Epoch 2: round 1 averages 0.13529 (ratio 1.15, streak 1), plan 3 and 4 (17.2 a second);
       round 2 0.10847 (1.04, streak 2: back to sync at the epoch's end, 4.8 + 11C, 5 + 8 steps).
     - Epoch 3: sync at 0.1 + C a step."""
-    ends, samples, switches = simulate.policy_epochs(two_hosts(straggler=4.0), 4, (0.0, 3.0), interval=2)
+    ends, samples, switches = simulate.policy_epochs(two_hosts(straggler=4.0), 4, (0.0, 3.0), interval=2,
+                                                     rule="mean")
     np.testing.assert_allclose(ends, [3.2 + 7 * C, 4.0 + 9 * C, 4.8 + 11 * C, 5.6 + 19 * C], rtol=1e-9)
     np.testing.assert_array_equal(samples, np.array([16, 10, 13, 16]) * BATCH)
     assert switches == [(0, 6, "hybrid"), (3, 0, "sync")]
+
+
+def test_the_barrier_rule_judges_each_ranks_own_steps_and_goes_back_as_soon_as_they_are_even():
+    """The rule since 0.2.0 (`barrier`: each rank's own work, and sync's step as the longest of
+    the ranks' steps one by one), the same straggler. Sync as above (0.4 and 0.1 of work: 1.6).
+    Hybrid's first two steps after the switch are untimed, so its first round (2 steps each)
+    judges nothing. Epoch 1: rank 0 is fast; each round pairs its one step with the other's
+    latest: 0.1 and 0.1, ratio 1.0, twice: back to sync at the epoch's end (4.0 + 9C, 2 + 8
+    steps), an epoch before the moving averages would have said so. Then sync: 0.1 + C a step."""
+    ends, samples, switches = simulate.policy_epochs(two_hosts(straggler=4.0), 4, (0.0, 3.0), interval=2)
+    np.testing.assert_allclose(ends, [3.2 + 7 * C, 4.0 + 9 * C, 4.8 + 17 * C, 5.6 + 25 * C], rtol=1e-9)
+    np.testing.assert_array_equal(samples, np.array([16, 10, 16, 16]) * BATCH)
+    assert switches == [(0, 6, "hybrid"), (2, 0, "sync")]
+
+
+def test_a_tail_that_no_ranks_mean_shows_moves_the_barrier_rule_to_hybrid_and_keeps_it_there():
+    """The two ranks 3.2 times as slow in turn (rank 0 at even steps, rank 1 at odd): each
+    rank's mean step is 0.21 + C, so the slowest over the median is 1.0 and the old rule never
+    leaves sync (8 steps of 0.32 + C an epoch); sync's step is 0.32 + C every time, 1.52 times
+    the median: hybrid after step 6 (1.92 + 6C), its first round's 2 steps each 0.42 s (2.34 +
+    7C), and it stays: the groups' latest steps, paired, still differ by a step's turn."""
+    delays = np.ones((100, 2))
+    delays[0::2, 0] = delays[1::2, 1] = 3.2
+    ends, _, switches = simulate.policy_epochs(two_hosts(), 3, interval=2, delays=delays, rule="mean")
+    np.testing.assert_allclose(ends, 8 * (0.32 + C) * np.arange(1, 4), rtol=1e-9)
+    assert switches == []
+    ends, samples, switches = simulate.policy_epochs(two_hosts(), 3, interval=2, delays=delays)
+    assert ends[0] == pytest.approx(2.34 + 7 * C, rel=1e-9) and samples[0] == 16 * BATCH
+    assert switches == [(0, 6, "hybrid")]
 
 
 def test_a_persistent_straggler_stays_in_hybrid_at_the_plans_pace():
@@ -75,11 +106,15 @@ def test_the_restated_hysteresis_is_the_trainers_decider():
         ours, theirs = simulate.Decider(threshold, patience), StragglerDecider(threshold, patience)
         for _ in range(30):
             times = rng.uniform(0.05, 0.1, size=4) * np.where(rng.random(4) < 0.3, rng.uniform(1, 4, 4), 1.0)
-            assert ours.observe(times) == theirs.observe(times).switched
+            steps = rng.uniform(0.05, 0.2, size=(4, int(rng.integers(1, 6)))) if rng.random() < 0.5 else ()
+            sync = float(np.max(steps, axis=0).mean()) if len(steps) else None
+            assert ours.observe(times, sync) == theirs.observe(times, steps).switched
             assert ours.mode == theirs.mode
 
 
 def test_what_the_policy_simulation_does_not_model_is_refused_by_name():
+    with pytest.raises(ValueError, match="rule"):
+        simulate.policy_epochs(two_hosts(), 1, rule="median")
     with pytest.raises(ValueError, match="policy_epochs"):
         simulate.policy_epochs(two_hosts(local_steps="fixed"), 1)
     with pytest.raises(ValueError, match="policy_epochs"):

@@ -232,15 +232,17 @@ KNOBS: Tuple[Knob, ...] = (
     # --- online switching (tfsyncmodes/switching/) ---
     Knob("switch_policy", "none", Choice(lambda: ("none", "straggler", "auto")),
          "Under horovodrun: straggler moves a sync run to hybrid, the slow ranks in one group, "
-         "while the slowest rank's step time over the median stays at or above "
-         "switch_threshold, and back to sync once it falls; auto (what mode=auto runs) "
+         "while sync's step (the slowest rank's, or the longest of the ranks' steps one by one) "
+         "over the median rank's stays at or above switch_threshold, and back to sync once it "
+         "falls; auto (what mode=auto runs) "
          "profiles the first switch_interval * switch_patience steps, predicts each mode's "
          "rate with the cost model, switches to hybrid for good if it pays, else goes on as "
          "straggler (none: stay in one mode).",
          When(("sync",), lambda v, m: v["mode"] != "auto", "mode=sync")),
-    Knob("switch_threshold", 1.5, Number(float, 1.01, 1e3),
-         "The slowest/median step-time ratio that counts as a straggler (back to sync below "
-         "1 + (threshold - 1) / 2).", _STRAGGLER),
+    Knob("switch_threshold", 1.3, Number(float, 1.01, 1e3),
+         "Sync's step over the median rank's that counts as a straggler: the slowest rank's "
+         "mean, or sync's mean step with the longest of the ranks' steps taken one by one, "
+         "whichever is larger (back to sync below 1 + (threshold - 1) / 2).", _STRAGGLER),
     Knob("switch_interval", 10, Number(int, 2, 1 << 20),
          "Every this many steps the ranks exchange their mean step time and decide.", _STRAGGLER),
     Knob("switch_patience", 2, Number(int, 1, 1000),

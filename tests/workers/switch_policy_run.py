@@ -62,7 +62,8 @@ def main(argv):
                  callbacks=callbacks)
     policy = next(c for c in callbacks if isinstance(c, StragglerSwitch))
     decisions = [{"mode": d.mode, "switched": d.switched, "ratio": d.ratio, "times": list(d.times),
-                  "groups": [list(g) for g in d.groups]} for d in policy.decisions]
+                  "steps": [list(own) for own in d.steps], "groups": [list(g) for g in d.groups]}
+                 for d in policy.decisions]
     scalars = {}
     if strategy.is_chief:
         directory = os.path.join(model_dir, "logs", "switches")

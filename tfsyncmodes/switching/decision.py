@@ -4,10 +4,16 @@ After the online policies of Sync-Switch (Li et al., "Sync-Switch: Hybrid Parame
 Synchronization for Distributed Deep Learning", ICDCS 2021, arXiv 2104.08364): training starts
 synchronous (better converged accuracy); when a straggler shows up the job switches to a looser
 protocol so the fast workers stop waiting, and it switches back once the straggler is gone. Here
-the looser protocol is hybrid (the slow ranks share one group), the straggler test is the
-slowest rank's step time over the median, and hysteresis keeps a noisy window from flapping:
-`patience` consecutive windows at or above `threshold` switch to hybrid, `patience`
-consecutive windows below ``1 + (threshold - 1) / 2`` switch back.
+the looser protocol is hybrid (the slow ranks share one group), and hysteresis keeps a noisy
+window from flapping: `patience` consecutive windows at or above `threshold` switch to hybrid,
+`patience` consecutive windows below ``1 + (threshold - 1) / 2`` switch back.
+
+The straggler test is a window's ratio, the larger of two figures over the median rank's time
+per step: the slowest rank's (a straggler), and sync's step over the window, each step the
+longest of the ranks' times at it (:func:`sync_step`: a heavy tail on every rank, which no
+rank's mean shows, makes sync wait at nearly every step). With each rank's compute stamped in
+the step, a rank's time is its own work (:func:`own_work`: between steps and its compute), so
+an exchange every rank pays alike does not dilute the ratio.
 
 Every rank runs the same :class:`StragglerDecider` on the same gathered numbers, so every rank
 reaches the same decision without another message.
@@ -40,10 +46,27 @@ def own_step_times(cycle: Sequence[float], in_step: Sequence[float],
     (the rank that arrives last at the collective waits least); that sees a rank slowed between
     steps but not one slowed inside them, whose peers wait for it in the same step."""
     if compute is not None:
-        shared = max(min(s - k for s, k in zip(in_step, compute)), 0.0)
+        shared = shared_step(in_step, compute)
         return [max(c - s, 0.0) + max(k, 0.0) + shared for c, s, k in zip(cycle, in_step, compute)]
     least = min(in_step)
     return [max(c - (s - least), 0.0) for c, s in zip(cycle, in_step)]
+
+
+def shared_step(in_step: Sequence[float], compute: Sequence[float]) -> float:
+    """What a step costs after the gradients for the rank that waits least (the exchange and
+    the update), from each rank's time inside the train function and its stamped compute."""
+    return max(min(s - k for s, k in zip(in_step, compute)), 0.0)
+
+
+def sync_step(steps: Sequence[Sequence[float]]) -> Optional[float]:
+    """Sync's mean step over a window from each rank's own steps one by one (`steps`, its latest
+    last): the ranks' i-th latest steps paired (in a hybrid phase the groups ran different steps;
+    their draws are what sync would have waited on), each pair the longest. None: a rank timed
+    none."""
+    n = min((len(own) for own in steps), default=0)
+    if n == 0:
+        return None
+    return sum(max(own[len(own) - n + i] for own in steps) for i in range(n)) / n
 
 
 def slow_first_groups(times: Sequence[float], group_size: int) -> Groups:
@@ -66,15 +89,19 @@ class Decision:
     times: Tuple[float, ...]
     streak: int
     groups: Groups = ()
+    sync_step: Optional[float] = None  # sync's mean step over the window (:func:`sync_step`)
+    steps: Tuple[Tuple[float, ...], ...] = ()  # each rank's own steps one by one, its latest last
 
     def line(self) -> str:
         """One log line with every figure that led to the decision."""
         action = (f"switch to {self.mode}" if self.switched else f"stay in {self.mode}")
         groups = f" groups={';'.join(','.join(map(str, g)) for g in self.groups)}" if self.groups else ""
         times = ",".join(f"{t * 1000:.1f}" for t in self.times)
-        return (f"switch policy: window {self.window}: {action}{groups}: slowest rank {self.slowest} "
-                f"at {self.ratio:.2f}x the median ({self.median * 1000:.1f} ms); streak {self.streak}; "
-                f"step ms per rank [{times}]")
+        slowest = self.times[self.slowest] / self.median if self.median > 0 else 1.0
+        sync = f", sync's step at {self.sync_step / self.median:.2f}x" if self.sync_step and self.median > 0 else ""
+        return (f"switch policy: window {self.window}: {action}{groups}: ratio {self.ratio:.2f} (slowest rank "
+                f"{self.slowest} at {slowest:.2f}x the median, {self.median * 1000:.1f} ms{sync}); streak "
+                f"{self.streak}; step ms per rank [{times}]")
 
 
 class StragglerDecider:
@@ -94,12 +121,17 @@ class StragglerDecider:
         self.streak = 0
         self.window = 0
 
-    def observe(self, times: Sequence[float]) -> Decision:
-        """Takes one window's per-rank step times (seconds) and returns the decision."""
+    def observe(self, times: Sequence[float], steps: Sequence[Sequence[float]] = ()) -> Decision:
+        """Takes one window's per-rank step times (seconds) and, where they were stamped one by
+        one, each rank's own steps (its latest last), and returns the decision."""
         times = tuple(float(t) for t in times)
+        steps = tuple(tuple(float(v) for v in own) for own in steps)
+        sync = sync_step(steps) if steps else None
         middle = median(times)
         slowest = max(range(len(times)), key=lambda rank: (times[rank], -rank))
         ratio = times[slowest] / middle if middle > 0 else 1.0
+        if sync is not None and middle > 0:
+            ratio = max(ratio, sync / middle)
         leaving = ratio >= self.threshold if self.mode == "sync" else ratio < self.low
         self.streak = self.streak + 1 if leaving else 0
         switched = self.streak >= self.patience
@@ -111,4 +143,4 @@ class StragglerDecider:
                 self.mode, self.groups = "sync", ()
         self.window += 1
         return Decision(self.window, self.mode, switched, ratio, slowest, middle, times,
-                        self.streak, self.groups)
+                        self.streak, self.groups, sync, steps)

@@ -3,11 +3,14 @@ exchanges it every ``--sync_switch_interval`` steps, and switches sync <-> hybri
 
 Each rank times its steps on the host: the wall time from one step's start to the next
 (`cycle`, which includes whatever the rank does between steps) and the time inside the train
-function (`in_step`, which includes waiting for peers in the collective). Every window the
-ranks allgather their two means (one small eager allgather through the communicators); every rank then estimates
-each rank's own time per step (:func:`~tfsyncmodes.switching.decision.own_step_times`) and runs
-the same :class:`~tfsyncmodes.switching.decision.StragglerDecider`, so all reach the same
-decision at the same step. The chief logs every switch in one line with the figures behind it
+function (`in_step`, which includes waiting for peers in the collective), and takes its compute
+from each step (below). Every window the ranks allgather their means and their latest
+:data:`STEPS_GATHERED` computes one by one (one small eager allgather through the
+communicators); every rank then works out each rank's own work per step
+(:func:`~tfsyncmodes.switching.decision.own_work`) and sync's mean step over the window
+(:func:`~tfsyncmodes.switching.decision.sync_step`) and runs the same
+:class:`~tfsyncmodes.switching.decision.StragglerDecider`, so all reach the same decision at the
+same step. The chief logs every switch in one line with the figures behind it
 (every decision with ``--verbosity=1``) and writes the per-rank step times and the ratio as
 TensorBoard scalars (beside :class:`~tfsyncmodes.switching.callback.ModeSwitch`'s ``mode``). The
 time across an epoch's end (evaluation, checkpoints) is not counted.
@@ -21,9 +24,8 @@ The hybrid phase runs the hybrid configuration of the run, speed-proportional lo
 (``--sync_local_steps=auto``, the default) included: the fast groups run more steps than the
 slow one, so the ranks' step counts part. While such a phase runs, the policy decides every
 ``ceil(switch_interval / period)`` cross-group rounds instead of every ``switch_interval``
-steps (every rank has run the same rounds, whatever its steps) on each rank's time per step taken
-as its group's, as the rounds measure and share it (a group runs at its slowest rank's pace;
-no further message), and a decision to go back to
+steps (every rank has run the same rounds, whatever its steps, so the allgather meets there;
+sync's step pairs the ranks' latest steps), and a decision to go back to
 sync takes effect at the end of the epoch, where every group ends it together (the groups' step
 counts then differ no more than their epochs' do; the switch makes the optimizer's step counter
 the most any rank ran).
@@ -32,14 +34,14 @@ A rank slowed *inside* the train function (slow kernels, an input pipeline read 
 makes its peers wait for just as long inside theirs, so host timing cannot tell it from them.
 Each rank therefore also takes its own compute from the step: the exchange's
 :class:`~tfsyncmodes.exchange.clock.ComputeClock` stamps when its gradients are ready, before any
-collective, and a rank's own time per step is its time between steps, plus that stamp less the
-step's start, plus what the step costs after the gradients for the rank that waits least
-(:func:`~tfsyncmodes.switching.decision.own_step_times`).
+collective, and a rank's own work per step is its time between steps plus that stamp less the
+step's start (:func:`~tfsyncmodes.switching.decision.own_work`); without stamps, its wall time
+less what it waited for peers (:func:`~tfsyncmodes.switching.decision.own_step_times`).
 """
 from __future__ import annotations
 
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from absl import logging
 
@@ -47,7 +49,9 @@ from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.exchange import communicators, recipes
 from tfsyncmodes.exchange.local_steps import SpeedProportionalAverage
 from tfsyncmodes.switching.callback import ModeSwitch
-from tfsyncmodes.switching.decision import Decision, Groups, StragglerDecider, own_step_times
+from tfsyncmodes.switching.decision import Decision, Groups, StragglerDecider, own_step_times, shared_step
+
+STEPS_GATHERED = 32  # each rank's latest stamped computes in a window's allgather (-1: none)
 
 
 class StragglerSwitch(ModeSwitch):
@@ -112,7 +116,7 @@ class StragglerSwitch(ModeSwitch):
         super().on_epoch_end(epoch, logs)  # the epoch's logs: the mode it trained in
         decision, self._back_to_sync = self._back_to_sync, None
         if decision is not None:  # every group ends the epoch at the same round
-            self.switch_to("sync", f"slowest/median {decision.ratio:.2f}, at the epoch's end")
+            self.switch_to("sync", f"ratio {decision.ratio:.2f}, at the epoch's end")
             self._step, self._began, self._skip = 0, None, 2
             if logs is not None:
                 logs["mode_switches"] = logs.get("mode_switches", 0.0) + 1.0
@@ -126,10 +130,10 @@ class StragglerSwitch(ModeSwitch):
 
     def _decide(self, batch: int, policy: Optional[SpeedProportionalAverage] = None) -> None:
         """One window's decision; `policy`: the speed-proportional hybrid phase's, if it runs."""
-        times = self._gathered_times() if policy is None else self._group_paced_times(policy)
-        if times is None:
+        gathered = self._gathered_times()
+        if gathered is None:
             return  # a window without timed steps (just after a switch): nothing to judge
-        decision = self.decider.observe(times)
+        decision = self.decider.observe(*gathered)
         self.decisions.append(decision)
         if self._is_chief() and (decision.switched or logging.get_verbosity() >= logging.DEBUG):
             logging.info("tfsyncmodes: step %d: %s", self.step, decision.line())
@@ -141,7 +145,7 @@ class StragglerSwitch(ModeSwitch):
             return
         if decision.mode == "hybrid":
             self._regroup(decision.groups)
-        self._switch(decision.mode, f"slowest/median {decision.ratio:.2f}", batch)
+        self._switch(decision.mode, f"ratio {decision.ratio:.2f}", batch)
 
     def _switch(self, mode: str, reason: str, batch: int) -> None:
         """Switches to `mode` after the step `batch` of this epoch (mid-epoch)."""
@@ -152,18 +156,26 @@ class StragglerSwitch(ModeSwitch):
             policy.begin_epoch((self.params or {}).get("steps"), done=batch + 1)
             self._rounds_seen = 0  # the switch started its round count afresh
 
-    def _gathered_times(self) -> Optional[List[float]]:
-        """Every rank's own time per step over the window (one allgather of the host timings;
-        None: some rank timed no step)."""
+    def _gathered_times(self) -> Optional[Tuple[List[float], List[List[float]]]]:
+        """Every rank's own work per step over the window and its steps one by one (its time
+        between steps plus each stamped compute; none without stamps): one allgather of the
+        host timings and the stamped computes. None: some rank timed no step."""
         import tensorflow as tf
 
-        mine = tf.constant([self._window_row()], tf.float64)
+        mine = tf.constant([self._window_row() + self._latest_computes()], tf.float64)
         gathered = communicators.world_allgather(mine, "tfsync_switch_policy_times").numpy()
         self._reset_window()
         if float(gathered[:, 2].min()) < 1:
             return None
-        stamped = list(gathered[:, 3]) if float(gathered[:, 3].min()) >= 0 else None
-        return own_step_times(list(gathered[:, 0]), list(gathered[:, 1]), stamped)
+        cycle, in_step = list(gathered[:, 0]), list(gathered[:, 1])
+        if float(gathered[:, 3].min()) < 0:
+            return own_step_times(cycle, in_step), []
+        compute = list(gathered[:, 3])
+        # A rank's step, were it to set the pace: its time between steps, its compute, and what
+        # the step costs after the gradients for the rank that waits least (own_step_times).
+        between = [max(c - s, 0.0) + shared_step(in_step, compute) for c, s in zip(cycle, in_step)]
+        steps = [[b + float(v) for v in row[4:] if v >= 0] for b, row in zip(between, gathered)]
+        return own_step_times(cycle, in_step, compute), steps
 
     def _window_row(self) -> List[float]:
         """This rank's window: wall time and time inside the train function per step, steps
@@ -172,21 +184,15 @@ class StragglerSwitch(ModeSwitch):
         compute = self._compute / self._computed if self._computed else -1.0
         return [self._cycle / timed, self._in_step / timed, float(self._timed), compute]
 
+    def _latest_computes(self) -> List[float]:
+        """This window's latest :data:`STEPS_GATHERED` stamped computes, padded with -1."""
+        latest = self._computes[-STEPS_GATHERED:]
+        return latest + [-1.0] * (STEPS_GATHERED - len(latest))
+
     def _reset_window(self) -> None:
         self._in_step = self._cycle = self._compute = 0.0
         self._timed = self._computed = 0
         self._computes = []
-
-    def _group_paced_times(self, policy: SpeedProportionalAverage) -> Optional[List[float]]:
-        """In a speed-proportional hybrid phase: each rank at its group's pace, as the last
-        round measured and shared it (a group runs at its slowest rank's pace; the wait at
-        the rounds is left out). No message: every rank holds the same figures."""
-        self._reset_window()
-        step_times = policy.recorded_plan_inputs()[0]
-        if not len(step_times) or float(step_times[-1].min()) <= 0.0:
-            return None
-        layout = self.strategy.layout
-        return [float(step_times[-1][layout.group_of(rank)]) for rank in range(layout.world_size)]
 
     def _regroup(self, groups: Groups) -> None:
         """Rebuilds the hybrid exchange for `groups` over its existing state variables."""
