@@ -135,6 +135,18 @@ def test_a_tail_no_ranks_mean_shows_is_judged_by_syncs_step_one_by_one():
     assert StragglerDecider(1.5, 1, 2).observe(means).ratio == 1.0  # the means alone
 
 
+def test_across_hosts_the_decider_keeps_the_hosts_as_groups_the_slowest_ones_first():
+    """Two hosts of two: the two slowest ranks (2, then 1) sit on different hosts; slow-first
+    groups would put them together, across the hosts' link; the host groups keep each group's
+    every-step exchange inside a host, the slowest rank's host first."""
+    times = [1.0, 1.6, 2.0, 1.0]
+    assert StragglerDecider(1.5, 1, 2).observe(times).groups == ((1, 2), (0, 3))
+    decision = StragglerDecider(1.5, 1, 2, host_groups=((0, 1), (2, 3))).observe(times)
+    assert decision.switched and decision.groups == ((2, 3), (0, 1))
+    assert StragglerDecider(1.5, 1, 2, host_groups=((0, 1), (2, 3))).observe([1.0, 3.0, 1.0, 1.0]).groups == \
+        ((0, 1), (2, 3))
+
+
 def test_decider_switches_after_patience_and_back_with_hysteresis():
     decider = StragglerDecider(threshold=1.5, patience=2, group_size=2)
     even, slow1, middling = [1.0, 1.0, 1.0, 1.0], [1.0, 4.0, 1.1, 0.9], [1.0, 1.4, 1.0, 1.0]

@@ -70,15 +70,6 @@ class AutoSwitch(StragglerSwitch):
             self._regroup(self.choice.groups)
             self._switch("hybrid", "auto: hybrid predicted to pay", batch)
 
-    def _host_groups(self):
-        """One group per host, when the run's hosts are groups of the policy's size."""
-        config, layout, hvd = self.strategy.config, self.strategy.layout, self.strategy.hvd
-        if config.groups or config.group_size != "host" or layout is None or hvd.local_size() >= hvd.size():
-            return None
-        if layout.num_groups < 2 or layout.group_size != self.group_size:
-            return None
-        return layout.groups
-
 
 def _grad_bytes(model) -> float:
     """The bytes of the model's trainable weights (its gradient, as sync allreduces it)."""

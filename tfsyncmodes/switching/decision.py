@@ -76,6 +76,12 @@ def slow_first_groups(times: Sequence[float], group_size: int) -> Groups:
     return tuple(tuple(sorted(order[i:i + group_size])) for i in range(0, len(order), group_size))
 
 
+def slow_host_first(times: Sequence[float], hosts: Groups) -> Groups:
+    """The run's host groups, the one holding the slowest rank first (ties: the lower rank)."""
+    slowest = max(range(len(times)), key=lambda rank: (times[rank], -rank))
+    return tuple(sorted(hosts, key=lambda group: slowest not in group))
+
+
 @dataclasses.dataclass(frozen=True)
 class Decision:
     """The outcome of one window: the mode to train in from now on and the figures behind it."""
@@ -106,10 +112,12 @@ class Decision:
 
 class StragglerDecider:
     """Hysteresis over windows: sync -> hybrid after `patience` windows with ratio >=
-    `threshold`, hybrid -> sync after `patience` windows with ratio < the lower threshold."""
+    `threshold`, hybrid -> sync after `patience` windows with ratio < the lower threshold.
+    The hybrid groups: `host_groups` where set (the run's hosts, so that a group's every-step
+    exchange stays inside a host), the slow one first; else the slow ranks share the first."""
 
     def __init__(self, threshold: float = 1.5, patience: int = 2, group_size: int = 2,
-                 mode: str = "sync"):
+                 mode: str = "sync", host_groups: Groups = ()):
         if threshold <= 1.0 or patience < 1 or group_size < 1:
             raise ValueError("threshold > 1, patience >= 1 and group_size >= 1 are required")
         self.threshold = threshold
@@ -118,6 +126,7 @@ class StragglerDecider:
         self.group_size = group_size
         self.mode = mode
         self.groups: Groups = ()
+        self.host_groups = tuple(tuple(g) for g in host_groups)
         self.streak = 0
         self.window = 0
 
@@ -138,7 +147,8 @@ class StragglerDecider:
         if switched:
             self.streak = 0
             if self.mode == "sync":
-                self.mode, self.groups = "hybrid", slow_first_groups(times, self.group_size)
+                self.mode, self.groups = "hybrid", (slow_host_first(times, self.host_groups) if self.host_groups
+                                                    else slow_first_groups(times, self.group_size))
             else:
                 self.mode, self.groups = "sync", ()
         self.window += 1

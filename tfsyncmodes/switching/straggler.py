@@ -15,7 +15,9 @@ same step. The chief logs every switch in one line with the figures behind it
 TensorBoard scalars (beside :class:`~tfsyncmodes.switching.callback.ModeSwitch`'s ``mode``). The
 time across an epoch's end (evaluation, checkpoints) is not counted.
 
-Groups are chosen at the switch (the slow ranks share a group): every process set a grouping
+Groups are chosen at the switch: the run's hosts when it spans hosts that are groups of the
+policy's size (the slowest rank's host first; a group's every-step exchange stays inside a
+host), else the slow ranks share a group. Every process set a grouping
 may need is registered when Horovod starts (:mod:`~tfsyncmodes.switching.candidates`), and the
 hybrid exchange is rebuilt for the new groups over the optimizer variables its state already
 has (the same config builds the same state, in the same order).
@@ -73,6 +75,10 @@ class StragglerSwitch(ModeSwitch):
         self._skip = 2  # the first steps trace the train function
         self._rounds_seen = 0  # cross-group rounds at the last decision (hybrid, local_steps=auto)
         self._back_to_sync: Optional[Decision] = None  # decided; takes effect at the epoch's end
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self.decider.host_groups = self._host_groups() or ()
 
     def on_epoch_begin(self, epoch, logs=None):
         super().on_epoch_begin(epoch, logs)
@@ -193,6 +199,16 @@ class StragglerSwitch(ModeSwitch):
         self._in_step = self._cycle = self._compute = 0.0
         self._timed = self._computed = 0
         self._computes = []
+
+    def _host_groups(self) -> Optional[Groups]:
+        """One group per host, when the run spans hosts that are groups of the policy's size
+        (a group's every-step exchange then stays inside a host); None otherwise."""
+        config, layout, hvd = self.strategy.config, self.strategy.layout, self.strategy.hvd
+        if config.groups or config.group_size != "host" or layout is None or hvd.local_size() >= hvd.size():
+            return None
+        if layout.num_groups < 2 or layout.group_size != self.decider.group_size:
+            return None
+        return layout.groups
 
     def _regroup(self, groups: Groups) -> None:
         """Rebuilds the hybrid exchange for `groups` over its existing state variables."""
