@@ -231,7 +231,8 @@ KNOBS: Tuple[Knob, ...] = (
          given("cross_group", "periodic")),
     # --- online switching (tfsyncmodes/switching/) ---
     Knob("switch_policy", "none", Choice(lambda: ("none", "straggler", "auto")),
-         "Under horovodrun: straggler moves a sync run to hybrid, the slow ranks in one group, "
+         "Under horovodrun: straggler moves a sync run to hybrid (one group per host across hosts, "
+         "else the slow ranks in one group) "
          "while sync's step (the slowest rank's, or the longest of the ranks' steps one by one) "
          "over the median rank's stays at or above switch_threshold, and back to sync once it "
          "falls; auto (what mode=auto runs) "
