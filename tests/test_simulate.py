@@ -48,7 +48,7 @@ def test_a_straggler_that_leaves_is_judged_switched_away_from_and_back_as_worked
 
 
 def test_the_barrier_rule_judges_each_ranks_own_steps_and_goes_back_as_soon_as_they_are_even():
-    """The rule since 0.2.0 (`barrier`: each rank's own work, and sync's step as the longest of
+    """The rule since 0.2.0 (`barrier`: each rank's own time, and sync's step as the longest of
     the ranks' steps one by one), the same straggler. Sync as above (0.4 and 0.1 of work: 1.6).
     Hybrid's first two steps after the switch are untimed, so its first round (2 steps each)
     judges nothing. Epoch 1: rank 0 is fast; each round pairs its one step with the other's

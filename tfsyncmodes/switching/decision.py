@@ -11,9 +11,9 @@ window from flapping: `patience` consecutive windows at or above `threshold` swi
 The straggler test is a window's ratio, the larger of two figures over the median rank's time
 per step: the slowest rank's (a straggler), and sync's step over the window, each step the
 longest of the ranks' times at it (:func:`sync_step`: a heavy tail on every rank, which no
-rank's mean shows, makes sync wait at nearly every step). With each rank's compute stamped in
-the step, a rank's time is its own work (:func:`own_work`: between steps and its compute), so
-an exchange every rank pays alike does not dilute the ratio.
+rank's mean shows, makes sync wait at nearly every step). A rank's time is its step were it to
+set the pace (:func:`own_step_times`), so the ratio is what sync's step costs over a step
+without waiting.
 
 Every rank runs the same :class:`StragglerDecider` on the same gathered numbers, so every rank
 reaches the same decision without another message.
@@ -96,7 +96,7 @@ class Decision:
     streak: int
     groups: Groups = ()
     sync_step: Optional[float] = None  # sync's mean step over the window (:func:`sync_step`)
-    steps: Tuple[Tuple[float, ...], ...] = ()  # each rank's own steps one by one, its latest last
+    steps: Tuple[Tuple[float, ...], ...] = ()  # each rank's steps one by one, its latest last
 
     def line(self) -> str:
         """One log line with every figure that led to the decision."""

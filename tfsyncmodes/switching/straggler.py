@@ -6,8 +6,8 @@ Each rank times its steps on the host: the wall time from one step's start to th
 function (`in_step`, which includes waiting for peers in the collective), and takes its compute
 from each step (below). Every window the ranks allgather their means and their latest
 :data:`STEPS_GATHERED` computes one by one (one small eager allgather through the
-communicators); every rank then works out each rank's own work per step
-(:func:`~tfsyncmodes.switching.decision.own_work`) and sync's mean step over the window
+communicators); every rank then works out each rank's own time per step
+(:func:`~tfsyncmodes.switching.decision.own_step_times`) and sync's mean step over the window
 (:func:`~tfsyncmodes.switching.decision.sync_step`) and runs the same
 :class:`~tfsyncmodes.switching.decision.StragglerDecider`, so all reach the same decision at the
 same step. The chief logs every switch in one line with the figures behind it
@@ -36,9 +36,10 @@ A rank slowed *inside* the train function (slow kernels, an input pipeline read 
 makes its peers wait for just as long inside theirs, so host timing cannot tell it from them.
 Each rank therefore also takes its own compute from the step: the exchange's
 :class:`~tfsyncmodes.exchange.clock.ComputeClock` stamps when its gradients are ready, before any
-collective, and a rank's own work per step is its time between steps plus that stamp less the
-step's start (:func:`~tfsyncmodes.switching.decision.own_work`); without stamps, its wall time
-less what it waited for peers (:func:`~tfsyncmodes.switching.decision.own_step_times`).
+collective, and a rank's own time per step is its time between steps, plus that stamp less the
+step's start, plus what the step costs after the gradients for the rank that waits least
+(:func:`~tfsyncmodes.switching.decision.own_step_times`); its steps one by one likewise, each
+with its own stamp.
 """
 from __future__ import annotations
 
@@ -163,9 +164,10 @@ class StragglerSwitch(ModeSwitch):
             self._rounds_seen = 0  # the switch started its round count afresh
 
     def _gathered_times(self) -> Optional[Tuple[List[float], List[List[float]]]]:
-        """Every rank's own work per step over the window and its steps one by one (its time
-        between steps plus each stamped compute; none without stamps): one allgather of the
-        host timings and the stamped computes. None: some rank timed no step."""
+        """Every rank's own time per step over the window and its steps one by one (its mean
+        time between steps, each stamped compute and the shared part of the step; none without
+        stamps): one allgather of the host timings and the stamped computes. None: some rank
+        timed no step."""
         import tensorflow as tf
 
         mine = tf.constant([self._window_row() + self._latest_computes()], tf.float64)
