@@ -39,7 +39,6 @@ from benchmarks import bed_calibration as cal
 from benchmarks.bed_report import section
 from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, replace_section, repo_env
 from tfsync_testbed import localrun
-from tfsyncmodes import knobs
 
 flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8.")
 flags.DEFINE_enum("link", "1gbit", list(cal.LINK_CLASSES), "Link class between the hosts (scaled, see bed_calibration).")
@@ -273,6 +272,8 @@ def main(argv):
 
 
 def write(runs: dict, measured: float) -> None:
+    from tfsyncmodes import knobs  # TensorFlow's start-up lines: not before a bad flag's one line
+
     rows = []
     for (condition, mode), done in runs.items():
         sync = runs.get((condition, "sync")) or runs.get(("none", "sync"))
