@@ -168,3 +168,21 @@ def test_elastic_outside_horovodrun_elastic_mode_is_one_line_and_exit_2():
                      "mirrored; launch with: horovodrun --min-np N --max-np M --host-discovery-script "
                      "SCRIPT python ..., or turn elastic off"], result.stderr[-3000:]
     assert "Traceback" not in result.stderr
+
+
+def test_a_collective_failed_with_a_peer_in_the_state_sync_is_a_lost_rank_to_horovods_loop():
+    """Horovod's elastic loop syncs the state inside its retry and answers only its own
+    HorovodInternalError with a rollback: a broadcast that failed because a peer was lost (the
+    message Horovod's op gives) becomes one; an error of another kind stays as it is."""
+    import tensorflow as tf
+    from horovod.common.exceptions import HorovodInternalError
+
+    from tfsyncmodes.strategies.elastic import lost_peers_as_internal_errors
+
+    shut = "Horovod has been shut down. This was caused by an exception on one of the ranks [Op:HorovodBroadcast]"
+    with pytest.raises(HorovodInternalError):
+        with lost_peers_as_internal_errors():
+            raise tf.errors.UnknownError(None, None, shut)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        with lost_peers_as_internal_errors():
+            raise tf.errors.InvalidArgumentError(None, None, "shapes differ")

@@ -20,6 +20,7 @@ after a reset; hybrid makes its groups again, and the line names them), ``elasti
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import numpy as np
@@ -36,6 +37,21 @@ DEADLINE_TIMEOUTS = 4  # a step may last this many collective timeouts (StepDead
 def optimizer_variables(optimizer) -> list:
     variables = optimizer.variables
     return list(variables() if callable(variables) else variables)
+
+
+@contextlib.contextmanager
+def lost_peers_as_internal_errors():
+    """A collective that failed with a peer (its message names Horovod or Gloo) raised as
+    Horovod's ``HorovodInternalError``, which its elastic loop answers with a rollback and a
+    new rendezvous; any other error as it is."""
+    from horovod.common.exceptions import HorovodInternalError
+
+    try:
+        yield
+    except tf.errors.OpError as error:
+        if any(word in str(error.message).lower() for word in _LOST):
+            raise HorovodInternalError(error) from None
+        raise
 
 
 def elastic_state(model, **values):
@@ -65,9 +81,12 @@ def elastic_state(model, **values):
             super().restore()
 
         def sync(self):
-            communicators.broadcast_variables(self._variables(), 0, "tfsync.elastic")
-            self._snapshot()
-            super().sync()
+            # Horovod's elastic loop syncs the state inside its retry: a peer lost during the
+            # broadcast must reach it as a lost rank (HorovodInternalError), as one lost in a step.
+            with lost_peers_as_internal_errors():
+                communicators.broadcast_variables(self._variables(), 0, "tfsync.elastic")
+                self._snapshot()
+                super().sync()
 
     return _State()
 
@@ -114,7 +133,6 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
     """``strategy.fit`` in elastic sync: the History of every committed epoch."""
     import horovod.tensorflow as hvd
     from horovod.common.elastic import run_fn
-    from horovod.common.exceptions import HorovodInternalError
 
     if steps_per_epoch is None:
         raise ValueError("elastic sync needs steps_per_epoch (the state counts steps)")
@@ -157,11 +175,8 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
 
     def guarded(state):
         try:
-            return attempt(state)
-        except tf.errors.OpError as error:
-            if any(word in str(error.message).lower() for word in _LOST):
-                raise HorovodInternalError(error) from None
-            raise
+            with lost_peers_as_internal_errors():
+                return attempt(state)
         finally:
             deadline.idle()  # a failed step's fit ends without its batch end: the rank waits at the rendezvous
 
