@@ -49,6 +49,9 @@ flags.DEFINE_integer("repeats", 3, "Runs of every mode and condition.")
 flags.DEFINE_integer("epochs", 3, "Epochs of every run.")
 flags.DEFINE_integer("batch_size", 64, "Global batch of a sync/hybrid step (an async worker's: this / --ranks).")
 flags.DEFINE_enum("compute", "emulated", ["emulated", "real"], "emulated: the calibrated sleep; real: none.")
+flags.DEFINE_float("step_ms", cal.EMU_STEP_MS, "Emulated compute of a rank's step, ms; the links slow with it, so "
+                   "the compute : communication ratio stays the named workload's (more ranks than cores: a "
+                   "longer step leaves the ranks' own CPU work a smaller share of it).")
 flags.DEFINE_float("pareto_alpha", 2.0, "ALPHA of the heavy condition's Pareto per-step times (> 1).")
 flags.DEFINE_float("timeout", 900.0, "Seconds one run may take.")
 flags.DEFINE_string("python", None, "The interpreter of the ranks and tasks (default: the one running this).")
@@ -76,6 +79,8 @@ def check() -> None:
         bad("batch_size", f"{FLAGS.batch_size} does not split over {FLAGS.ranks} ranks", f"use a multiple of {FLAGS.ranks}")
     if not (math.isfinite(FLAGS.pareto_alpha) and FLAGS.pareto_alpha > 1):
         bad("pareto_alpha", f"{FLAGS.pareto_alpha} is not accepted", "use a number > 1, e.g. 2")
+    if not (math.isfinite(FLAGS.step_ms) and FLAGS.step_ms >= 1):
+        bad("step_ms", f"{FLAGS.step_ms} is not accepted", "use milliseconds >= 1, e.g. 200 for 8 ranks on 2 cores")
     try:
         seed_of(FLAGS.extra_flags)
     except ValueError:
@@ -109,9 +114,10 @@ def train_flags(mode: str, condition: str, work: str) -> list:
            f"--hidden_units={cal.HIDDEN_UNITS}", "--eval_each_epoch", f"--model_dir={work}/model",
            f"--metrics_file={work}/metrics.json"]
     out += FLAGS.extra_flags.split()
-    if FLAGS.compute == "emulated":  # a step on the global batch: every rank's part waits EMU_STEP_MS
-        out.append(f"--compute_ms={cal.EMU_STEP_MS * (FLAGS.ranks if horovod else 1):g}")
-        out += cal.straggler_flags(condition, steps_per_worker, FLAGS.pareto_alpha, FLAGS.ranks, FLAGS.link)
+    if FLAGS.compute == "emulated":  # a step on the global batch: every rank's part waits --step_ms
+        out.append(f"--compute_ms={FLAGS.step_ms * (FLAGS.ranks if horovod else 1):g}")
+        out += cal.straggler_flags(condition, steps_per_worker, FLAGS.pareto_alpha, FLAGS.ranks, FLAGS.link,
+                                   FLAGS.step_ms)
     elif condition != "none":
         out += {"persistent": ["--sync_slow_worker=1:4"]}.get(condition, [])
     return out
@@ -244,9 +250,9 @@ def main(argv):
     runs = {}
     with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks)) + ("async" in FLAGS.modes)) as bed, \
             ssh.SshMesh(bed, tmp) as mesh:
-        bed.shape(cal.tc_rate(FLAGS.link), burst=cal.tc_burst(FLAGS.link))
+        bed.shape(cal.tc_rate(FLAGS.link, FLAGS.step_ms), burst=cal.tc_burst(FLAGS.link, FLAGS.step_ms))
         measured = link_rate(bed) * 8
-        print(f"[bed] link {FLAGS.link}: shaped {cal.tc_rate(FLAGS.link)}, measured {measured / 1e6:.2f} Mbit/s", flush=True)
+        print(f"[bed] link {FLAGS.link}: shaped {cal.tc_rate(FLAGS.link, FLAGS.step_ms)}, measured {measured / 1e6:.2f} Mbit/s", flush=True)
         for repeat in range(FLAGS.repeats):
             for condition in FLAGS.straggler:
                 for mode in FLAGS.modes:
@@ -292,14 +298,14 @@ def write(runs: dict, measured: float) -> None:
                      **({"auto_picks": [r["auto_pick"] for r in done],
                          "auto_predicted_gains": [r["auto_predicted_gain"] for r in done]} if mode == "auto" else {})})
     result = {"ranks": FLAGS.ranks, "hosts": hosts_layout(FLAGS.ranks), "link": FLAGS.link, "compute": FLAGS.compute,
-              "shaped": cal.tc_rate(FLAGS.link), "measured_mbit_s": round(measured / 1e6, 2),
-              "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link), 1),
-              "emulated_step_ms": cal.EMU_STEP_MS, "hybrid_exchange": "slices", "plan_rule": "most_steps", "policy_rule": "barrier",
+              "shaped": cal.tc_rate(FLAGS.link, FLAGS.step_ms), "measured_mbit_s": round(measured / 1e6, 2),
+              "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link, FLAGS.step_ms), 1),
+              "emulated_step_ms": FLAGS.step_ms, "hybrid_exchange": "slices", "plan_rule": "most_steps", "policy_rule": "barrier",
               "switch_threshold": knobs.KNOBS_BY_KEY["switch_threshold"].default, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
               "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
-                                                                      FLAGS.ranks, FLAGS.link)),
+                                                                      FLAGS.ranks, FLAGS.link, FLAGS.step_ms)),
               "async_on": "namespaces: the chief and the ps on a host of their own, shaped alike", "rows": rows,
               "runs": [{"straggler": c, "mode": m, **run} for (c, m), done in runs.items() for run in done]}
     name = f"bed_{FLAGS.ranks}r_{FLAGS.link}{'' if FLAGS.compute == 'emulated' else '_real'}"

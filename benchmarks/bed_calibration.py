@@ -25,6 +25,11 @@ of the named setting do: sync's comm per step is 1.5 * 340,008 B / rate_emu = 30
 50 ms at "10gbit" (N = 4). Not emulated: latency (this kernel has no netem), the real model's
 CPU time (a few ms per step, which the 10gbit class feels most), and the per-tensor framing.
 
+T_emu is the bed's ``--step_ms`` (default 50 ms); the link classes slow with it, so the ratio
+holds at any T_emu. Eight ranks on two cores run at ``--step_ms=200`` (k = 1.01: the named
+workload's own pace): each rank's own CPU work (about 19 ms a step) then fits in the cores,
+where at 50 ms eight ranks' work saturated them and the run measured core sharing.
+
 Straggler conditions (rank/worker 1 is the straggler, 4x, as the trainer's flags say):
   none, persistent (--compute_slow_worker=1:4), transient (1:4:FROMs:TOs, seconds after each
   worker's first step: the time sync takes for the middle third of its steps, so that sync
@@ -54,43 +59,45 @@ def emulated_parameters(hidden: int = HIDDEN_UNITS) -> int:
     return FEATURES * hidden + hidden + hidden * hidden + hidden + hidden * CLASSES + CLASSES
 
 
-def time_scale() -> float:
-    """k: how many times faster than the named workload the bed runs."""
-    return REAL_STEP_SECONDS * 1000.0 / EMU_STEP_MS
+def time_scale(step_ms: float = EMU_STEP_MS) -> float:
+    """k: how many times faster than the named workload the bed runs with `step_ms` a step."""
+    return REAL_STEP_SECONDS * 1000.0 / step_ms
 
 
-def link_bits_per_second(link: str) -> float:
-    """The shaped rate of link class `link` (see the module docstring)."""
-    return LINK_CLASSES[link] * emulated_parameters() * 4 / REAL_GRADIENT_BYTES * time_scale()
+def link_bits_per_second(link: str, step_ms: float = EMU_STEP_MS) -> float:
+    """The shaped rate of link class `link` for a bed of `step_ms` a step (see the module
+    docstring): a slower step, a slower link, the same ratio."""
+    return LINK_CLASSES[link] * emulated_parameters() * 4 / REAL_GRADIENT_BYTES * time_scale(step_ms)
 
 
-def tc_rate(link: str) -> str:
-    return f"{int(link_bits_per_second(link) / 1000)}kbit"
+def tc_rate(link: str, step_ms: float = EMU_STEP_MS) -> str:
+    return f"{int(link_bits_per_second(link, step_ms) / 1000)}kbit"
 
 
-def tc_burst(link: str) -> str:
+def tc_burst(link: str, step_ms: float = EMU_STEP_MS) -> str:
     """tbf's bucket: 5 ms of the rate, at least 16 KB (tbf needs rate / HZ at the least)."""
-    return f"{max(16, int(link_bits_per_second(link) / 8 * 0.005 / 1024))}kb"
+    return f"{max(16, int(link_bits_per_second(link, step_ms) / 8 * 0.005 / 1024))}kb"
 
 
-def ring_comm_seconds(ranks: int, link: str) -> float:
+def ring_comm_seconds(ranks: int, link: str, step_ms: float = EMU_STEP_MS) -> float:
     """Sync's expected allreduce time per step on the shaped link (bytes only)."""
-    return 2 * (ranks - 1) / ranks * emulated_parameters() * 4 * 8 / link_bits_per_second(link)
+    return 2 * (ranks - 1) / ranks * emulated_parameters() * 4 * 8 / link_bits_per_second(link, step_ms)
 
 
-def transient_window_seconds(steps_per_worker: int, ranks: int, link: str) -> tuple:
+def transient_window_seconds(steps_per_worker: int, ranks: int, link: str,
+                             step_ms: float = EMU_STEP_MS) -> tuple:
     """(from, to): the transient straggler's window in seconds after a worker's first step: the
     time sync would take for the middle third of `steps_per_worker` steps (each its compute and
     its expected allreduce), the slow rank 4x slow in it. Sync meets the condition a window of
     steps gave it; other modes meet the same stretch of time."""
     third = steps_per_worker / 3
-    comm = ring_comm_seconds(ranks, link)
-    first = third * (EMU_STEP_MS / 1000.0 + comm)
-    return round(first, 2), round(first + third * (SLOW_FACTOR * EMU_STEP_MS / 1000.0 + comm), 2)
+    comm = ring_comm_seconds(ranks, link, step_ms)
+    first = third * (step_ms / 1000.0 + comm)
+    return round(first, 2), round(first + third * (SLOW_FACTOR * step_ms / 1000.0 + comm), 2)
 
 
 def straggler_flags(condition: str, steps_per_worker: int, pareto_alpha: float, ranks: int = 4,
-                    link: str = "10gbit") -> list:
+                    link: str = "10gbit", step_ms: float = EMU_STEP_MS) -> list:
     """The trainer flags of a straggler condition, for a run of `steps_per_worker` steps of
     `ranks` ranks on `link` (the transient window's length depends on both)."""
     if condition == "none":
@@ -98,7 +105,7 @@ def straggler_flags(condition: str, steps_per_worker: int, pareto_alpha: float, 
     if condition == "persistent":
         return [f"--compute_slow_worker=1:{SLOW_FACTOR}"]
     if condition == "transient":
-        first, end = transient_window_seconds(steps_per_worker, ranks, link)
+        first, end = transient_window_seconds(steps_per_worker, ranks, link, step_ms)
         return [f"--compute_slow_worker=1:{SLOW_FACTOR}:{first:g}s:{end:g}s"]
     if condition == "heavy":
         return [f"--compute_jitter=pareto:{pareto_alpha:g}"]

@@ -3,6 +3,7 @@ predicted and measured samples per second for every ranks x link x straggler x m
 JSON files, the relative error, and whether it is within the tolerance (15 %). Misses are kept.
 
     python -m benchmarks.bed_model docs/bed_*.json [--tolerance=0.15] [--fixed_alpha_us=50]
+    python -m benchmarks.bed_model docs/bed_*.json --holdout=bed_8r_10gbit.json,bed_8r_1gbit.json
 
 A row's job (``costs.Job``) is the bed as it ran: its ranks and hosts layout (hybrid's groups),
 one rank's compute = the emulated wait (scaled by the straggler's factor or the Pareto tail) plus
@@ -30,7 +31,8 @@ row's step, every term >= 0):
 with β the measured link rate and η the share of it a collective gets (fitted when the rows
 span more than one link class, else 1). With sync rows at one N only, α is fixed at
 ``--fixed_alpha_us``. Hybrid's own per-step cost is fitted on its rows of one rank a host
-without a straggler. Writes ``bed_model.json`` next to the first input and the ``bed_model``
+without a straggler. ``--holdout`` names input files whose rows fit nothing: they are priced
+with the others' constants (the 8-rank files, predicted from 2 and 4 ranks). Writes ``bed_model.json`` next to the first input and the ``bed_model``
 section of BENCHMARKS.md there.
 """
 from __future__ import annotations
@@ -54,6 +56,8 @@ flags.DEFINE_float("tolerance", DEFAULT.tolerance, "Relative error that counts a
 flags.DEFINE_float("fixed_alpha_us", DEFAULT.fixed_alpha_us, "α (microseconds) when the sync rows do not "
                    "span two N (the cost model's default latency).")
 flags.DEFINE_float("loopback_gbit", DEFAULT.loopback_gbit, "The unshaped link inside a host and async's loopback, Gbit/s.")
+flags.DEFINE_list("holdout", [], "Names of input files whose rows fit no constant (validation only), e.g. "
+                  "the 8-rank files against constants fitted at 2 and 4 ranks.")
 flags.DEFINE_integer("batch_size", DEFAULT.batch_size, "The bed's --batch_size (the global batch of a sync step).")
 flags.DEFINE_bool("replay_draws", DEFAULT.replay_draws, "Heavy rows: replay the Pareto factors the bed's ranks drew "
                   "over the measured epochs (seeded by --seed, rank and step) instead of drawing afresh.")
@@ -142,17 +146,18 @@ def sync_point(bed: dict, row: dict, settings: Settings = DEFAULT) -> Optional[t
     return 2 * (ranks - 1), step - waits, step, data
 
 
-def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT) -> List[dict]:
-    """Every row, predicted and measured; rows a constant was fitted on say so (``fitted``)."""
+def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT, held: Optional[List[bool]] = None) -> List[dict]:
+    """Every row, predicted and measured; rows a constant was fitted on say so (``fitted``);
+    `held`: per bed, whether its rows were held out of the fits."""
     rows = []
-    for bed in beds:
+    for bed, out_of_fit in zip(beds, held or [False] * len(beds)):
         for row in bed["rows"]:
             out = {"ranks": bed["ranks"], "link": bed["link"], "compute": bed.get("compute", "emulated"),
                    "straggler": row["straggler"], "mode": row["mode"], "measured": measured(row),
                    "measured_as": "steady" if row.get("steady_samples_per_s") else "whole run",
                    "predicted": None, "error": None, "within": None,
-                   "fitted": sync_point(bed, row, settings) is not None or hybrid_calibration(bed, row)
-                   or policy_calibration(bed, row)}
+                   "fitted": not out_of_fit and (sync_point(bed, row, settings) is not None
+                                                 or hybrid_calibration(bed, row) or policy_calibration(bed, row))}
             if emulated(bed) and row["mode"] in costs.MODES + ("policy",):
                 out["predicted"] = predict(bed, row["mode"], row["straggler"], constants["alpha_s"],
                                            constants["overhead_s"], settings, constants.get("hybrid_s") or 0.0,
@@ -183,9 +188,12 @@ def render(rows: List[dict], constants: dict, settings: Settings, paths: List[st
                          f"{sum(r['mode'] == mode for r in checked)}"
                          for mode in costs.MODES + ("policy",) if any(r["mode"] == mode for r in checked))
     lines = ["## The cost model against the bed", "",
-             f"`python -m benchmarks.bed_model {' '.join(os.path.basename(p) for p in paths)}` — "
+             f"`python -m benchmarks.bed_model {' '.join(os.path.basename(p) for p in paths)}"
+             f"{' --holdout=' + ','.join(settings.holdout) if settings.holdout else ''}` — "
              f"costs.Job of each row as the bed ran it (benchmarks/bed_model.py); {fitted}. Rows marked fit "
-             "gave the constants; the others are validation. Async ran across the namespaces in files that say "
+             "gave the constants; the others are validation"
+             + (f" (the rows of {', '.join(settings.holdout)} fit nothing)" if settings.holdout else "")
+             + ". Async ran across the namespaces in files that say "
              "so, else on loopback, unshaped. "
              + ("Heavy rows replay the Pareto factors the bed's ranks drew in the measured epochs (seeded by "
                 "seed, rank and step); " if settings.replay_draws else "Heavy rows draw the Pareto factors afresh; ")
@@ -209,17 +217,24 @@ def render(rows: List[dict], constants: dict, settings: Settings, paths: List[st
 def run(paths: List[str], settings: Settings = DEFAULT) -> str:
     if not paths:
         raise BadInput("no bed JSON given; e.g. python -m benchmarks.bed_model docs/bed_4r_1gbit.json")
+    names = [os.path.basename(p) for p in paths]
+    for name in settings.holdout:
+        if name not in names:
+            raise BadInput(f"--holdout: {name} is not among the input files; name one of them, e.g. {names[-1]}")
     beds = [load(p) for p in paths]
-    points = [p for bed in beds for p in map(lambda r, b=bed: sync_point(b, r, settings), bed["rows"]) if p is not None]
+    held = [name in settings.holdout for name in names]
+    fitting = [bed for bed, out in zip(beds, held) if not out]
+    points = [p for bed in fitting for p in map(lambda r, b=bed: sync_point(b, r, settings), bed["rows"])
+              if p is not None]
     constants = fit([p[0] for p in points], [p[1] for p in points], settings.fixed_alpha_us / 1e6,
                     [p[2] for p in points], [p[3] for p in points])
-    constants["hybrid_s"] = fit_hybrid(beds, constants, settings)
-    constants["policy_s"] = fit_policy(beds, constants, settings)
-    rows = table(beds, constants, settings)
+    constants["hybrid_s"] = fit_hybrid(fitting, constants, settings)
+    constants["policy_s"] = fit_policy(fitting, constants, settings)
+    rows = table(beds, constants, settings, held)
     text = render(rows, constants, settings, paths)
     folder = os.path.dirname(os.path.abspath(paths[0]))
     with open(os.path.join(folder, "bed_model.json"), "w", encoding="utf-8") as handle:
-        json.dump({"inputs": [os.path.basename(p) for p in paths], "tolerance": settings.tolerance,
+        json.dump({"inputs": names, "holdout": list(settings.holdout), "tolerance": settings.tolerance,
                    "fit": dict(constants, fitted_on="sync rows only"), "rows": rows}, handle, indent=1)
     replace_section(os.path.join(folder, "BENCHMARKS.md"), "bed_model", text)
     return text
@@ -228,7 +243,7 @@ def run(paths: List[str], settings: Settings = DEFAULT) -> str:
 def main(argv):
     try:
         settings = Settings(FLAGS.tolerance, FLAGS.fixed_alpha_us, FLAGS.loopback_gbit, FLAGS.batch_size,
-                            FLAGS.replay_draws)
+                            FLAGS.replay_draws, tuple(FLAGS.holdout))
         print(run(argv[1:], settings), end="")
     except BadInput as error:
         sys.stderr.write(f"{NAME}: error: {error}\n")

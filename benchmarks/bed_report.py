@@ -9,11 +9,14 @@ def section(result: dict, name: str) -> str:
     stragglers = result.get("stragglers") or list(dict.fromkeys(r["straggler"] for r in rows))
     modes = result.get("modes") or list(dict.fromkeys(r["mode"] for r in rows))
     ranks, link, epochs, repeats, compute = (result[k] for k in ("ranks", "link", "epochs", "repeats", "compute"))
+    step_ms = result.get("emulated_step_ms", 50.0)
+    step_flag = "" if step_ms == 50.0 else f" --step_ms={step_ms:g}"
     lines = [f"## Emulated cluster bed: {ranks} ranks, link {link} ({compute} compute)", "",
              f"`python -m benchmarks.bed --ranks={ranks} --link={link} --straggler={','.join(stragglers)} "
-             f"--modes={','.join(modes)} --repeats={repeats} --epochs={epochs} --compute={compute}` — "
+             f"--modes={','.join(modes)} --repeats={repeats} --epochs={epochs} --compute={compute}{step_flag}` — "
              f"hosts {result['hosts']} (namespaces), link shaped to {result['shaped']} (measured "
-             f"{result['measured_mbit_s']} Mbit/s), ResNet-50-on-V100 calibration (benchmarks/bed_calibration.py), "
+             f"{result['measured_mbit_s']} Mbit/s), ResNet-50-on-V100 calibration (benchmarks/bed_calibration.py)"
+             f"{'' if not step_flag else f' at {step_ms:g} ms a step'}, "
              f"{epochs} epochs, median of {repeats} runs (JSON: `docs/{name}.json`); async: "
              f"{result['async_on']}. Loss targets: sync's 1/4, 1/2, 3/4 drop from ln 10 to its final loss, "
              "at epoch ends.", "",

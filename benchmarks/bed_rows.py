@@ -24,6 +24,7 @@ class Settings:
     loopback_gbit: float = 10.0
     batch_size: int = 64
     replay_draws: bool = True
+    holdout: tuple = ()  # names of bed files whose rows fit nothing (validation only)
 
 
 DEFAULT = Settings()

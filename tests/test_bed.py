@@ -72,6 +72,7 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     ("bed", "--modes=fast", "flag: --modes: 'fast' is not a mode of the bed"),
     ("bed", "--render=nothing.json", "flag: --render: nothing.json is not a bed run's JSON (FileNotFoundError"),
     ("bed", "--pareto_alpha=1", "flag: --pareto_alpha: 1.0 is not accepted"),
+    ("bed", "--step_ms=0", "flag: --step_ms: 0.0 is not accepted"),
     ("bed", "--extra_flags=--seed=one", "flag: --extra_flags: its --seed is not a whole number"),
     ("bed", "--extra_flags=--seed one", "flag: --extra_flags: its --seed is not a whole number"),
     ("breakeven", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
@@ -87,6 +88,36 @@ def test_bad_bed_and_breakeven_flags_are_one_line_with_status_2(module, flag, wo
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"benchmarks.{module}: error: ") and words in lines[0], lines
+
+
+@pytest.mark.parametrize("step_ms", [50.0, 200.0])
+def test_a_slower_emulated_step_slows_the_links_and_keeps_the_named_workloads_ratio(step_ms):
+    """ResNet-50 v1.5 on a V100 (256 images in 256 / 1270 s, 25,557,032 float32 gradients), ring
+    allreduce at N ranks: its communication over its compute, the same on the bed at any step."""
+    real_step, real_bytes = 256 / 1270, 25_557_032 * 4
+    bed_bytes = (64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10) * 4
+    for link, bits in {"100gbit": 100e9, "10gbit": 10e9, "1gbit": 1e9, "100mbit": 100e6}.items():
+        shaped = bits * bed_bytes / real_bytes * real_step / (step_ms / 1000)
+        assert cal.link_bits_per_second(link, step_ms) == pytest.approx(shaped, rel=1e-12)
+        assert cal.tc_rate(link, step_ms) == f"{int(shaped / 1000)}kbit"
+        for ranks in (2, 4, 8):
+            real_ratio = 2 * (ranks - 1) / ranks * real_bytes * 8 / bits / real_step
+            assert cal.ring_comm_seconds(ranks, link, step_ms) / (step_ms / 1000) == pytest.approx(real_ratio)
+    # The transient window is a stretch of the run: four times the step, four times the seconds.
+    first, end = cal.transient_window_seconds(66, 8, "10gbit", step_ms)
+    base_first, base_end = cal.transient_window_seconds(66, 8, "10gbit", 50.0)
+    assert (first, end) == pytest.approx((base_first * step_ms / 50, base_end * step_ms / 50), abs=0.01 * step_ms / 50)
+    flag = cal.straggler_flags("transient", 66, 2.0, 8, "10gbit", step_ms)
+    assert flag == [f"--compute_slow_worker=1:4:{first:g}s:{end:g}s"]
+
+
+def test_a_bed_run_at_another_step_says_so_in_its_command(tmp_path):
+    from benchmarks.bed_report import section
+
+    data = json.loads(open(os.path.join(REPO, "docs", "bed_4r_100mbit_slices.json"), encoding="utf-8").read())
+    assert "--step_ms" not in section(data, "bed_4r_100mbit_slices")
+    text = section({**data, "emulated_step_ms": 200.0}, "bed_8r")
+    assert "--compute=emulated --step_ms=200`" in text and "calibration (benchmarks/bed_calibration.py) at 200 ms a step," in text
 
 
 def test_render_writes_a_runs_section_again_from_its_json(tmp_path):

@@ -217,6 +217,25 @@ def test_the_command_fits_sync_rows_of_three_beds_and_writes_the_table(tmp_path)
     assert "<!-- bench:bed_model:begin -->" in (tmp_path / "BENCHMARKS.md").read_text()
 
 
+def test_a_held_out_file_fits_nothing_and_is_priced_by_the_others_constants(tmp_path):
+    paths = []
+    for ranks, hosts, off in ((2, (1, 1), 1.0), (4, (2, 2), 1.0), (8, (2, 2, 2, 2), 0.5)):
+        rows = [("none", "sync", off * sync_rate(ranks, WAIT)), ("persistent", "sync", off * sync_rate(ranks, 4 * WAIT))]
+        paths.append(tmp_path / f"bed_{ranks}r_1gbit.json")
+        paths[-1].write_text(json.dumps(bed(ranks, hosts, rows)))
+    settings = dataclasses.replace(bed_rows.DEFAULT, holdout=("bed_8r_1gbit.json",))
+    text = bed_model.run(list(map(str, paths)), settings)
+    out = json.loads((tmp_path / "bed_model.json").read_text())
+    # 2 and 4 ranks alone give the constants: the 8-rank rows, at half the formula's rate, move nothing.
+    assert [out["fit"]["alpha_s"], out["fit"]["overhead_s"]] == pytest.approx([ALPHA, OVERHEAD], rel=1e-6)
+    eight = [r for r in out["rows"] if r["ranks"] == 8]
+    assert [r["fitted"] for r in eight] == [False, False]
+    assert [r["error"] for r in eight] == pytest.approx([1.0, 1.0], rel=1e-6)  # the formula's rate / half of it
+    assert "--holdout=bed_8r_1gbit.json" in text and "validation rows (sync 0 of 2)" in text
+    with pytest.raises(bed_rows.BadInput, match="--holdout: bed_16r.json is not among the input files"):
+        bed_model.run(list(map(str, paths)), dataclasses.replace(settings, holdout=("bed_16r.json",)))
+
+
 @pytest.mark.timeout(200)
 def test_bad_input_is_one_line_with_status_2(tmp_path):
     norows = tmp_path / "norows.json"
