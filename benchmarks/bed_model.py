@@ -32,8 +32,8 @@ with β the measured link rate and η the share of it a collective gets (fitted 
 span more than one link class, else 1). With sync rows at one N only, α is fixed at
 ``--fixed_alpha_us``. Hybrid's own per-step cost is fitted on its rows of one rank a host
 without a straggler. ``--holdout`` names input files whose rows fit nothing: they are priced
-with the others' constants (the 8-rank files, predicted from 2 and 4 ranks). Writes ``bed_model.json`` next to the first input and the ``bed_model``
-section of BENCHMARKS.md there.
+with the others' constants (the 8-rank files, predicted from 2 and 4 ranks). Writes
+``bed_model.json`` next to the first input and the ``bed_model`` section of BENCHMARKS.md there.
 """
 from __future__ import annotations
 
@@ -224,6 +224,8 @@ def run(paths: List[str], settings: Settings = DEFAULT) -> str:
     beds = [load(p) for p in paths]
     held = [name in settings.holdout for name in names]
     fitting = [bed for bed, out in zip(beds, held) if not out]
+    if not fitting:
+        raise BadInput("--holdout: every input file is held out; leave at least one to fit the constants on")
     points = [p for bed in fitting for p in map(lambda r, b=bed: sync_point(b, r, settings), bed["rows"])
               if p is not None]
     constants = fit([p[0] for p in points], [p[1] for p in points], settings.fixed_alpha_us / 1e6,

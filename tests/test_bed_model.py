@@ -234,6 +234,8 @@ def test_a_held_out_file_fits_nothing_and_is_priced_by_the_others_constants(tmp_
     assert "--holdout=bed_8r_1gbit.json" in text and "validation rows (sync 0 of 2)" in text
     with pytest.raises(bed_rows.BadInput, match="--holdout: bed_16r.json is not among the input files"):
         bed_model.run(list(map(str, paths)), dataclasses.replace(settings, holdout=("bed_16r.json",)))
+    with pytest.raises(bed_rows.BadInput, match="every input file is held out"):
+        bed_model.run([str(paths[-1])], settings)
 
 
 @pytest.mark.timeout(200)
