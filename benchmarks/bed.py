@@ -7,13 +7,13 @@ Needs root (network namespaces) and OpenSSH. The ranks are ``scripts/train.py`` 
 (a real MLP, a real optimizer), on hosts that are network namespaces (tfsync_testbed.netns, two
 ranks per host, at least two hosts) joined over a bridge whose every host link is shaped to the
 link class (tc tbf); sync and hybrid run as ``horovodrun -H hostA:2,hostB:2,... --gloo`` over SSH
-(hybrid: one group per host). Async runs across the namespaces too: the chief and one ps on a
-host of their own (one more namespace, its link shaped alike), the workers on the ranks' hosts,
-every task ``scripts/train.py`` with its TF_CONFIG; every worker's pulls and pushes cross the
-shaped links (files before this change ran async on loopback, unshaped: their ``async_on``
-says so). Every step waits its emulated
-compute (``--compute_ms``), calibrated to ResNet-50 on V100s as :mod:`benchmarks.bed_calibration`
-works out; ``--compute=real`` drops the wait (the real MLP's CPU time only) as a sanity check.
+(hybrid: one group per host). Async runs across the namespaces too (:mod:`benchmarks.bed_async`):
+the chief and ``--ps`` parameter servers on hosts of their own (one more namespace each, its link
+shaped alike), the workers on the ranks' hosts, every task ``scripts/train.py`` with its
+TF_CONFIG; every worker's pulls and pushes cross the shaped links (older files ran async on
+loopback, unshaped: their ``async_on`` says so). Every step waits its emulated compute
+(``--compute_ms``), calibrated to ResNet-50 on V100s as :mod:`benchmarks.bed_calibration` works
+out; ``--compute=real`` drops the wait (the real MLP's CPU time only) as a sanity check.
 
 Per mode and condition, the median over --repeats of: throughput (samples/s), each worker's own
 rate (Horovod ranks step together; the async coordinator does not say which worker ran a
@@ -35,7 +35,7 @@ import time
 
 from absl import app, flags
 
-from benchmarks import bed_calibration as cal
+from benchmarks import bed_async, bed_calibration as cal
 from benchmarks.bed_report import section
 from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, replace_section, repo_env
 from tfsync_testbed import localrun
@@ -57,6 +57,8 @@ flags.DEFINE_float("timeout", 900.0, "Seconds one run may take.")
 flags.DEFINE_string("python", None, "The interpreter of the ranks and tasks (default: the one running this).")
 flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 flags.DEFINE_string("render", None, "Run nothing: write the BENCHMARKS.md section of this bed JSON again.")
+flags.DEFINE_integer("ps", 1, "Async's parameter servers, each on a host of its own; more than one splits every "
+                     "variable over them (--sync_ps_shards) under tf_keras, which alone updates split variables.")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
 FLAGS = flags.FLAGS
 MODES = ("sync", "hybrid", "async", "policy", "auto")  # policy: sync with --sync_switch_policy=straggler
@@ -79,6 +81,10 @@ def check() -> None:
         bad("batch_size", f"{FLAGS.batch_size} does not split over {FLAGS.ranks} ranks", f"use a multiple of {FLAGS.ranks}")
     if not (math.isfinite(FLAGS.pareto_alpha) and FLAGS.pareto_alpha > 1):
         bad("pareto_alpha", f"{FLAGS.pareto_alpha} is not accepted", "use a number > 1, e.g. 2")
+    if not 1 <= FLAGS.ps <= 4:
+        bad("ps", f"{FLAGS.ps} parameter servers", "use 1 to 4 (each is a host of its own)")
+    if FLAGS.ps > 1 and "async" not in FLAGS.modes:
+        bad("ps", f"{FLAGS.ps} parameter servers but no async run", "add async to --modes, or leave --ps at 1")
     if not (math.isfinite(FLAGS.step_ms) and FLAGS.step_ms >= 1):
         bad("step_ms", f"{FLAGS.step_ms} is not accepted", "use milliseconds >= 1, e.g. 200 for 8 ranks on 2 cores")
     try:
@@ -133,50 +139,10 @@ def run_horovod(bed, mesh, env, mode: str, condition: str, work: str) -> subproc
     return bed.hosts[0].run(command, timeout=FLAGS.timeout, env=env, cwd=REPO)
 
 
-def async_cluster(bed) -> dict:
-    """The cluster spec of an async run: the chief and the one ps on a host of their own (the
-    bed's last), the workers over the other hosts round-robin, as parameter servers on hosts of
-    their own run; every worker's pushes and pulls cross the shaped links."""
-    ps_host, hosts = bed.hosts[-1], bed.hosts[:len(hosts_layout(FLAGS.ranks))]
-    return {"chief": [f"{ps_host.address}:2222"], "ps": [f"{ps_host.address}:2223"],
-            "worker": [f"{hosts[i % len(hosts)].address}:{2222 + i // len(hosts)}" for i in range(FLAGS.ranks)]}
-
-
 def run_async(bed, env, condition: str, work: str) -> subprocess.CompletedProcess:
-    """One async run across the namespaces: every task ``scripts/train.py`` with its TF_CONFIG on
-    its host; the chief's status is the run's; every task's process group is killed at the end."""
-    from tfsyncmodes.tf_configs import tf_config
-
-    cluster = async_cluster(bed)
-    by_address = {h.address: h for h in bed.hosts}
-    command = [FLAGS.python or sys.executable, TRAIN, *train_flags("async", condition, work)]
-    tasks = {}
-    try:
-        for role in ("ps", "worker", "chief"):
-            for index, address in enumerate(cluster[role]):
-                host = by_address[address.rsplit(":", 1)[0]]
-                with open(f"{work}/{role}{index}.log", "w", encoding="utf-8") as log:  # the task keeps its copy
-                    tasks[(role, index)] = host.popen(command, env=dict(env, TF_CONFIG=tf_config(cluster, role, index)),
-                                                      cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            status = tasks[("chief", 0)].wait(timeout=FLAGS.timeout)
-        except subprocess.TimeoutExpired:
-            status = -9
-        deadline = time.monotonic() + 30  # the ps and workers leave once the chief has gone
-        for process in tasks.values():
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-    finally:
-        for process in tasks.values():
-            localrun.kill_group(process)
-            process.wait()
-    tail = {name: open(f"{work}/{name[0]}{name[1]}.log", encoding="utf-8", errors="replace").read()[-3000:]
-            for name in tasks}
-    return subprocess.CompletedProcess(command, status, stdout=tail.get(("chief", 0), ""),
-                                       stderr="".join(f"--- {r}:{i}\n{t}" for (r, i), t in tail.items()
-                                                      if r != "chief"))
+    spec = bed_async.cluster(bed.hosts, FLAGS.ranks, len(hosts_layout(FLAGS.ranks)), FLAGS.ps)
+    command = [FLAGS.python or sys.executable, TRAIN, *train_flags("async", condition, work), *bed_async.flags_for(FLAGS.ps)]
+    return bed_async.run(bed.hosts, spec, bed_async.env_for(env, FLAGS.ps), command, work, REPO, FLAGS.timeout)
 
 
 def summarise(mode: str, metrics: dict) -> dict:
@@ -248,7 +214,7 @@ def main(argv):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TFSYNC_", "HOROVOD_"))}
     env = repo_env(env, TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2")
     runs = {}
-    with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks)) + ("async" in FLAGS.modes)) as bed, \
+    with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks)) + FLAGS.ps * ("async" in FLAGS.modes)) as bed, \
             ssh.SshMesh(bed, tmp) as mesh:
         bed.shape(cal.tc_rate(FLAGS.link, FLAGS.step_ms), burst=cal.tc_burst(FLAGS.link, FLAGS.step_ms))
         measured = link_rate(bed) * 8
@@ -306,7 +272,9 @@ def write(runs: dict, measured: float) -> None:
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
                                                                       FLAGS.ranks, FLAGS.link, FLAGS.step_ms)),
-              "async_on": "namespaces: the chief and the ps on a host of their own, shaped alike", "rows": rows,
+              "async_on": "namespaces: the chief and the ps on a host of their own, shaped alike"
+              if FLAGS.ps == 1 else f"namespaces: the chief and {FLAGS.ps} ps on hosts of their own, shaped alike, "
+              "every variable split over them under tf_keras", "ps": FLAGS.ps, "rows": rows,
               "runs": [{"straggler": c, "mode": m, **run} for (c, m), done in runs.items() for run in done]}
     name = f"bed_{FLAGS.ranks}r_{FLAGS.link}{'' if FLAGS.compute == 'emulated' else '_real'}"
     os.makedirs(FLAGS.docs_dir, exist_ok=True)

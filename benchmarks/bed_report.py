@@ -11,9 +11,10 @@ def section(result: dict, name: str) -> str:
     ranks, link, epochs, repeats, compute = (result[k] for k in ("ranks", "link", "epochs", "repeats", "compute"))
     step_ms = result.get("emulated_step_ms", 50.0)
     step_flag = "" if step_ms == 50.0 else f" --step_ms={step_ms:g}"
+    ps_flag = "" if result.get("ps", 1) == 1 else f" --ps={result['ps']}"
     lines = [f"## Emulated cluster bed: {ranks} ranks, link {link} ({compute} compute)", "",
              f"`python -m benchmarks.bed --ranks={ranks} --link={link} --straggler={','.join(stragglers)} "
-             f"--modes={','.join(modes)} --repeats={repeats} --epochs={epochs} --compute={compute}{step_flag}` — "
+             f"--modes={','.join(modes)} --repeats={repeats} --epochs={epochs} --compute={compute}{step_flag}{ps_flag}` — "
              f"hosts {result['hosts']} (namespaces), link shaped to {result['shaped']} (measured "
              f"{result['measured_mbit_s']} Mbit/s), ResNet-50-on-V100 calibration (benchmarks/bed_calibration.py)"
              f"{'' if not step_flag else f' at {step_ms:g} ms a step'}, "

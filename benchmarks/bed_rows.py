@@ -146,7 +146,7 @@ def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
                      pareto_alpha=bed.get("pareto_alpha", 2.0) if condition == "heavy" else 0.0,
                      period=hybrid["period"].default_for("hybrid"), epoch_steps=cal.TRAIN_SAMPLES // settings.batch_size,
                      local_steps=hybrid["local_steps"].default_for("hybrid"), hybrid_overhead_ms=hybrid_s * 1e3,
-                     hybrid_slices=bed.get("hybrid_exchange") == "slices", ps=1,
+                     hybrid_slices=bed.get("hybrid_exchange") == "slices", ps=int(bed.get("ps", 1)),
                      plan_rule=bed.get("plan_rule", "nearest"))
 
 

@@ -4,10 +4,11 @@ no namespace, bridge or process behind; and its bad flags are one line with stat
 import json
 import os
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import bed_calibration as cal
+from benchmarks import bed_async, bed_calibration as cal
 from tests.conftest import PYTHON, REPO, clean_env
 from tests.test_multihost import why_no_bed
 from tfsync_testbed import localrun, netns, ssh
@@ -73,6 +74,8 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     ("bed", "--render=nothing.json", "flag: --render: nothing.json is not a bed run's JSON (FileNotFoundError"),
     ("bed", "--pareto_alpha=1", "flag: --pareto_alpha: 1.0 is not accepted"),
     ("bed", "--step_ms=0", "flag: --step_ms: 0.0 is not accepted"),
+    ("bed", "--ps=5", "flag: --ps: 5 parameter servers; use 1 to 4"),
+    ("bed", ["--ps=2", "--modes=sync"], "flag: --ps: 2 parameter servers but no async run"),
     ("bed", "--extra_flags=--seed=one", "flag: --extra_flags: its --seed is not a whole number"),
     ("bed", "--extra_flags=--seed one", "flag: --extra_flags: its --seed is not a whole number"),
     ("breakeven", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
@@ -83,7 +86,8 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     ("bench_multihost", "--hybrid_knobs=mode=sync", "flag: --hybrid_knobs: 'mode=sync' is not KNOB=VALUE"),
 ])
 def test_bad_bed_and_breakeven_flags_are_one_line_with_status_2(module, flag, words):
-    result = localrun.run([PYTHON, "-m", f"benchmarks.{module}", flag], timeout=120, env=clean_env(), cwd=REPO)
+    flags = flag if isinstance(flag, list) else [flag]
+    result = localrun.run([PYTHON, "-m", f"benchmarks.{module}", *flags], timeout=120, env=clean_env(), cwd=REPO)
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -150,18 +154,21 @@ def test_the_best_mode_under_horovodrun_is_hybrid_when_its_median_ratio_to_sync_
         "measured best of sync and hybrid: hybrid")
 
 
-def test_async_puts_the_chief_and_the_ps_on_a_host_of_their_own_and_the_workers_over_the_others():
-    """The placement, in a process of its own (it parses the bed's flags): 2 rank hosts and the
-    ps's host, as a bed of 4 ranks makes them."""
-    code = ("import json, sys; from types import SimpleNamespace; from absl import flags; "
-            "from benchmarks import bed; flags.FLAGS(['bed', '--ranks=4']); "
-            "hosts = [SimpleNamespace(address=f'10.9.0.{i + 1}') for i in range(3)]; "
-            "print(json.dumps(bed.async_cluster(SimpleNamespace(hosts=hosts))))")
-    result = localrun.run([PYTHON, "-c", code], timeout=120, env=clean_env(), cwd=REPO)
-    assert result.returncode == 0, result.stderr[-2000:]
-    cluster = json.loads(result.stdout.strip().splitlines()[-1])
-    assert cluster["chief"] == ["10.9.0.3:2222"] and cluster["ps"] == ["10.9.0.3:2223"]
-    assert cluster["worker"] == ["10.9.0.1:2222", "10.9.0.2:2222", "10.9.0.1:2223", "10.9.0.2:2223"]
-    every = cluster["chief"] + cluster["ps"] + cluster["worker"]
-    assert len(set(every)) == len(every)
-
+def test_async_puts_the_chief_and_the_ps_on_hosts_of_their_own_and_the_workers_over_the_others():
+    """The placement of a bed of 4 ranks: 2 rank hosts, then one host per ps."""
+    hosts = [SimpleNamespace(address=f"10.9.0.{i + 1}") for i in range(4)]
+    one = bed_async.cluster(hosts[:3], ranks=4, rank_hosts=2)
+    assert one["chief"] == ["10.9.0.3:2222"] and one["ps"] == ["10.9.0.3:2223"]
+    assert one["worker"] == ["10.9.0.1:2222", "10.9.0.2:2222", "10.9.0.1:2223", "10.9.0.2:2223"]
+    two = bed_async.cluster(hosts, ranks=4, rank_hosts=2, ps=2)
+    assert two["chief"] == ["10.9.0.3:2222"] and two["ps"] == ["10.9.0.3:2223", "10.9.0.4:2223"]
+    assert two["worker"] == one["worker"]
+    for spec in (one, two):
+        every = spec["chief"] + spec["ps"] + spec["worker"]
+        assert len(set(every)) == len(every)
+    with pytest.raises(ValueError, match="3 hosts hold 2 rank hosts and 2 ps hosts only if there are 4"):
+        bed_async.cluster(hosts[:3], ranks=4, rank_hosts=2, ps=2)
+    # More than one ps splits every variable over them, under tf_keras (Keras 3 cannot update the parts).
+    assert bed_async.flags_for(1) == [] and bed_async.flags_for(2) == ["--sync_ps_shards=2"]
+    assert bed_async.env_for({"A": "1"}, 1) == {"A": "1"}
+    assert bed_async.env_for({"A": "1"}, 2) == {"A": "1", "TF_USE_LEGACY_KERAS": "1"}
