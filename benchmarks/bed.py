@@ -58,7 +58,7 @@ flags.DEFINE_string("python", None, "The interpreter of the ranks and tasks (def
 flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 flags.DEFINE_string("render", None, "Run nothing: write the BENCHMARKS.md section of this bed JSON again.")
 flags.DEFINE_integer("ps", 1, "Async's parameter servers, each on a host of its own; more than one splits every "
-                     "variable over them (--sync_ps_shards) under tf_keras, which alone updates split variables.")
+                     "kernel over them (--sync_ps_shards) under tf_keras, which alone updates split variables.")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
 FLAGS = flags.FLAGS
 MODES = ("sync", "hybrid", "async", "policy", "auto")  # policy: sync with --sync_switch_policy=straggler
@@ -274,7 +274,7 @@ def write(runs: dict, measured: float) -> None:
                                                                       FLAGS.ranks, FLAGS.link, FLAGS.step_ms)),
               "async_on": "namespaces: the chief and the ps on a host of their own, shaped alike"
               if FLAGS.ps == 1 else f"namespaces: the chief and {FLAGS.ps} ps on hosts of their own, shaped alike, "
-              "every variable split over them under tf_keras", "ps": FLAGS.ps, "rows": rows,
+              "every kernel split over them under tf_keras", "ps": FLAGS.ps, "rows": rows,
               "runs": [{"straggler": c, "mode": m, **run} for (c, m), done in runs.items() for run in done]}
     name = f"bed_{FLAGS.ranks}r_{FLAGS.link}{'' if FLAGS.compute == 'emulated' else '_real'}"
     os.makedirs(FLAGS.docs_dir, exist_ok=True)

@@ -3,8 +3,9 @@
 The chief and the parameter servers run on hosts of their own (the bed's last ``ps`` hosts, the
 chief beside the first ps), each host link shaped alike, the workers over the ranks' hosts
 round-robin, so that every worker's pushes and pulls cross the shaped links. More than one ps
-splits every variable over them (``--sync_ps_shards``), which only tf_keras can update
-(``TF_USE_LEGACY_KERAS=1``; Keras 3 optimizers refuse ShardedVariable): the bed says so in its file.
+splits every kernel over them (``--sync_ps_shards``, ``--sync_min_shard_bytes``), which only
+tf_keras can update (``TF_USE_LEGACY_KERAS=1``; Keras 3 optimizers refuse ShardedVariable): the
+bed says so in its file.
 """
 from __future__ import annotations
 
@@ -26,9 +27,13 @@ def cluster(hosts: Sequence, ranks: int, rank_hosts: int, ps: int = 1) -> dict:
             "worker": [f"{workers[i % rank_hosts].address}:{2222 + i // rank_hosts}" for i in range(ranks)]}
 
 
+SHARD_BYTES = 4096  # the bed's MLP's kernels (10-256 KiB) split, its biases (<= 1 KiB) whole
+
+
 def flags_for(ps: int) -> list:
-    """The trainer's flags of an async run with `ps` parameter servers."""
-    return [f"--sync_ps_shards={ps}"] if ps > 1 else []
+    """The trainer's flags of an async run with `ps` parameter servers: every kernel split over
+    them (the default smallest part, 256 KiB, would leave the bed's whole model on one ps)."""
+    return [f"--sync_ps_shards={ps}", f"--sync_min_shard_bytes={SHARD_BYTES}"] if ps > 1 else []
 
 
 def env_for(env: dict, ps: int) -> dict:

@@ -169,6 +169,6 @@ def test_async_puts_the_chief_and_the_ps_on_hosts_of_their_own_and_the_workers_o
     with pytest.raises(ValueError, match="3 hosts hold 2 rank hosts and 2 ps hosts only if there are 4"):
         bed_async.cluster(hosts[:3], ranks=4, rank_hosts=2, ps=2)
     # More than one ps splits every variable over them, under tf_keras (Keras 3 cannot update the parts).
-    assert bed_async.flags_for(1) == [] and bed_async.flags_for(2) == ["--sync_ps_shards=2"]
+    assert bed_async.flags_for(1) == [] and bed_async.flags_for(2) == ["--sync_ps_shards=2", "--sync_min_shard_bytes=4096"]
     assert bed_async.env_for({"A": "1"}, 1) == {"A": "1"}
     assert bed_async.env_for({"A": "1"}, 2) == {"A": "1", "TF_USE_LEGACY_KERAS": "1"}
