@@ -72,13 +72,14 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
     assert link / (B * 8) < own
     got = bed_rows.predict(across, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
     assert got == pytest.approx(link / (B * 8) * BATCH, rel=1e-12)
-    # Two ps on hosts of their own (the file's "ps"), every variable split over them: each carries
-    # half of every pull and push, so the cap doubles (it still binds here).
+    # Two ps on hosts of their own (the file's "ps"), every kernel split over them: each carries
+    # half of every pull and push, so the cap doubles, above the workers' own pace (each worker's
+    # link still carries its whole pull and push): the workers bind.
     two = dict(across, ps=2)
-    own = 4 / (WAIT + OVERHEAD + 2 * B * 8 / (2 * link) + 2 * ALPHA)
-    assert 2 * link / (B * 8) < own
+    own = 4 / (WAIT + OVERHEAD + 2 * B * 8 / link + 2 * ALPHA)
+    assert link / (B * 8) < own < 2 * link / (B * 8)
     got = bed_rows.predict(two, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
-    assert got == pytest.approx(2 * link / (B * 8) * BATCH, rel=1e-12)
+    assert got == pytest.approx(own * BATCH, rel=1e-12)
 
 
 HYBRID = 0.004  # hybrid's own per-step cost in these tests

@@ -40,9 +40,18 @@ def test_async_is_bound_by_what_the_servers_links_carry_each_way():
     carry B out and B in an update, one direction each: ps β / B updates a second at most."""
     for ps in (1, 2):
         got = costs.predict(job(link_gbit=1.0, ps=ps))["async"]
-        own = 8 / (T + 2 * B * 8 / (1e9 * ps) + 2 * ALPHA)
+        own = 8 / (T + 2 * B * 8 / 1e9 + 2 * ALPHA)
         assert ps * 1e9 / (B * 8) < own  # the links bind
         assert got == pytest.approx(ps * 1e9 / (B * 8) * BATCH, rel=1e-12)
+
+
+def test_a_workers_pull_and_push_pass_its_own_link_whole_however_many_servers():
+    """More servers lift the servers' cap, not a worker's own pace: its link carries all of B
+    in and out (at 8 servers, 8 workers at 10 Gbit/s run at their own pace)."""
+    got = costs.predict(job(link_gbit=10.0, ps=8))["async"]
+    own = 8 / (T + 2 * B * 8 / 10e9 + 2 * ALPHA)
+    assert own < 8 * 10e9 / (B * 8)  # the workers bind
+    assert got == pytest.approx(own * BATCH, rel=1e-12)
 
 
 def test_without_tails_or_stragglers_each_mode_is_its_closed_form():

@@ -156,9 +156,10 @@ def predict(job: Job, delays=None) -> Dict[str, float]:
     sync_step = times.max(axis=1).mean() + allreduce_seconds(job.ranks, size, _cross_host_gbit(job), latency)
     sync = job.ranks * job.batch / sync_step
 
-    # async: a worker pushes and pulls B (split over the servers) in turn; the servers' links
-    # carry B out and B in per update, one direction each.
-    per_update = 2 * size * 8 / (job.link_gbit * 1e9 * job.ps) + 2 * latency
+    # async: a worker pulls and pushes B in turn through its own link, however many servers
+    # hold the parts; the servers' links carry B out and B in per update, one direction each,
+    # split over them.
+    per_update = 2 * size * 8 / (job.link_gbit * 1e9) + 2 * latency
     worker_rates = 1.0 / (times.mean(axis=0) + per_update)
     capacity = job.ps * job.link_gbit * 1e9 / (size * 8)
     async_rate = min(worker_rates.sum(), capacity) * job.batch
