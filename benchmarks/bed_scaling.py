@@ -145,12 +145,13 @@ def plot(rows: List[dict], straggler: str, path: str) -> None:
         for mode in sorted({r["mode"] for r in rows if r["link"] == link}, key=order):
             mine = [r for r in rows if r["link"] == link and r["mode"] == mode]
             ranks = [r["ranks"] for r in mine]
-            line = errorbar(top, ranks, [r["share"] for r in mine], mode)
+            color = f"C{order(mode)}"  # a mode's colour the same in every panel
+            errorbar(top, ranks, [r["share"] for r in mine], mode, color)
             model = [(r["ranks"], r["predicted_share"]) for r in mine if r["predicted_share"] is not None]
             if model:
-                top.plot(*zip(*model), linestyle=":", color=line[0].get_color(), label=f"{mode} (model)")
+                top.plot(*zip(*model), linestyle=":", color=color, label=f"{mode} (model)")
             if mode != "sync":
-                errorbar(bottom, ranks, [r["ratio_to_sync"]["0.75"] for r in mine], mode)
+                errorbar(bottom, ranks, [r["ratio_to_sync"]["0.75"] for r in mine], mode, color)
         top.set_title(f"{link} link, {straggler} straggler")
         top.set_ylabel("share of the compute-only rate")
         top.set_ylim(0, 1.05)
@@ -167,14 +168,12 @@ def plot(rows: List[dict], straggler: str, path: str) -> None:
     plt.close(figure)
 
 
-def errorbar(axis, ranks: list, spreads: list, label: str):
+def errorbar(axis, ranks: list, spreads: list, label: str, color: str) -> None:
     kept = [(n, s) for n, s in zip(ranks, spreads) if s["median"] is not None]
-    if not kept:
-        return axis.plot([], [], label=label)
-    middle = [s["median"] for _, s in kept]
-    errors = [[s["median"] - s["min"] for _, s in kept], [s["max"] - s["median"] for _, s in kept]]
-    bars = axis.errorbar([n for n, _ in kept], middle, yerr=errors, marker="o", capsize=4, label=label)
-    return bars.lines
+    if kept:
+        middle = [s["median"] for _, s in kept]
+        errors = [[s["median"] - s["min"] for _, s in kept], [s["max"] - s["median"] for _, s in kept]]
+        axis.errorbar([n for n, _ in kept], middle, yerr=errors, marker="o", capsize=4, label=label, color=color)
 
 
 def run(paths: List[str], straggler: str, constants_path: Optional[str], docs_dir: str,
