@@ -30,9 +30,6 @@ from benchmarks import bed_calibration as cal
 from benchmarks.bed_rows import DEFAULT, BadInput, Settings, emulated, load, measured, predict
 from benchmarks.benchlib import DOCS, replace_section
 
-flags.DEFINE_string("straggler", "heavy", "The condition whose rows are compared: " + ", ".join(cal.STRAGGLERS) + ".")
-flags.DEFINE_string("constants", None, "The cost model's bed_model.json: its fitted constants price every row too.")
-flags.DEFINE_string("docs_dir", DOCS, "Where bed_scaling.json, bed_scaling.png and BENCHMARKS.md go.")
 FLAGS = flags.FLAGS
 NAME = "benchmarks.bed_scaling"
 TARGETS = ("0.25", "0.5", "0.75")
@@ -199,5 +196,14 @@ def main(argv):
         sys.exit(2)
 
 
+def define_flags() -> None:
+    """The command's flags, defined only when it runs (tests import this module beside other
+    benchmarks that define ``--docs_dir`` too)."""
+    flags.DEFINE_string("straggler", "heavy", "The condition whose rows are compared: " + ", ".join(cal.STRAGGLERS) + ".")
+    flags.DEFINE_string("constants", None, "The cost model's bed_model.json: its fitted constants price every row too.")
+    flags.DEFINE_string("docs_dir", DOCS, "Where bed_scaling.json, bed_scaling.png and BENCHMARKS.md go.")
+
+
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
