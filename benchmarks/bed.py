@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 from absl import app, flags
 
@@ -272,9 +271,7 @@ def write(runs: dict, measured: float) -> None:
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
                                                                       FLAGS.ranks, FLAGS.link, FLAGS.step_ms)),
-              "async_on": "namespaces: the chief and the ps on a host of their own, shaped alike"
-              if FLAGS.ps == 1 else f"namespaces: the chief and {FLAGS.ps} ps on hosts of their own, shaped alike, "
-              "every kernel split over them under tf_keras", "ps": FLAGS.ps, "rows": rows,
+              "async_on": bed_async.describe(FLAGS.ps), "ps": FLAGS.ps, "rows": rows,
               "runs": [{"straggler": c, "mode": m, **run} for (c, m), done in runs.items() for run in done]}
     name = f"bed_{FLAGS.ranks}r_{FLAGS.link}{'' if FLAGS.compute == 'emulated' else '_real'}"
     os.makedirs(FLAGS.docs_dir, exist_ok=True)

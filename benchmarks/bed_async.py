@@ -36,6 +36,15 @@ def flags_for(ps: int) -> list:
     return [f"--sync_ps_shards={ps}", f"--sync_min_shard_bytes={SHARD_BYTES}"] if ps > 1 else []
 
 
+def describe(ps: int) -> str:
+    """Where the async tasks ran, as the bed file's ``async_on`` says it (the cost model reads
+    its first word: namespaces, not loopback)."""
+    if ps == 1:
+        return "namespaces: the chief and the ps on a host of their own, shaped alike"
+    return (f"namespaces: the chief and {ps} ps on hosts of their own, shaped alike, every kernel split "
+            "over them under tf_keras")
+
+
 def env_for(env: dict, ps: int) -> dict:
     """Sharded variables need tf_keras's optimizers."""
     return dict(env, TF_USE_LEGACY_KERAS="1") if ps > 1 else env
