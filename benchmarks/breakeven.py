@@ -14,6 +14,7 @@ docs/breakeven_<ranks>r_<link>.json and a section of docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -28,6 +29,8 @@ flags.DEFINE_string("link", "1gbit", "The bed's link class.")
 flags.DEFINE_list("ratios", ["0.5", "0.25", "0.1", "0.01"], "Top-K ratios (--sync_topk_ratio).")
 flags.DEFINE_integer("repeats", 3, "Runs of every configuration.")
 flags.DEFINE_integer("epochs", 2, "Epochs of every run.")
+flags.DEFINE_float("step_ms", None, "A rank's emulated compute a step, ms, passed to the bed (its links slow "
+                   "with it); unset: the bed's default. 200 for 8 ranks on 2 cores.")
 flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 FLAGS = flags.FLAGS
 
@@ -42,6 +45,14 @@ def check() -> None:
         if not 0 < value <= 1:
             bad_flag("benchmarks.breakeven", "ratios", f"{ratio!r} is not a ratio",
                      "use numbers in (0, 1], e.g. 0.5,0.1,0.01")
+    if FLAGS.step_ms is not None and not (math.isfinite(FLAGS.step_ms) and FLAGS.step_ms >= 1):
+        bad_flag("benchmarks.breakeven", "step_ms", f"{FLAGS.step_ms:g} is not accepted",
+                 "use milliseconds >= 1, e.g. 200 for 8 ranks on 2 cores")
+
+
+def step_flags() -> list:
+    """The bed's ``--step_ms`` where one was given."""
+    return [] if FLAGS.step_ms is None else [f"--step_ms={FLAGS.step_ms:g}"]
 
 
 def configurations() -> list:
@@ -54,7 +65,8 @@ def bed_row(label: str, extra: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         command = module_command("benchmarks.bed", f"--ranks={FLAGS.ranks}", f"--link={FLAGS.link}",
                                  "--straggler=none", "--modes=sync", f"--repeats={FLAGS.repeats}",
-                                 f"--epochs={FLAGS.epochs}", f"--docs_dir={out}", f"--extra_flags={extra}")
+                                 f"--epochs={FLAGS.epochs}", *step_flags(), f"--docs_dir={out}",
+                                 f"--extra_flags={extra}")
         result = subprocess.run(command, env=repo_env(), cwd=REPO, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             sys.stderr.write(result.stderr[-4000:])
@@ -77,14 +89,15 @@ def main(argv):
         row["ratio_to_dense"] = round(row["steady_samples_per_s"] / dense, 3)
     faster = [float(r["label"].split()[1]) for r in rows if r["label"].startswith("topk") and r["ratio_to_dense"] > 1]
     result = {"ranks": FLAGS.ranks, "link": FLAGS.link, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
-              "estimate_ratio": round(1 / FLAGS.ranks, 4), "largest_ratio_faster": max(faster) if faster else None,
+              "step_ms": FLAGS.step_ms, "estimate_ratio": round(1 / FLAGS.ranks, 4), "largest_ratio_faster": max(faster) if faster else None,
               "rows": rows}
     name = f"breakeven_{FLAGS.ranks}r_{FLAGS.link}"
     with open(os.path.join(FLAGS.docs_dir, name + ".json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
     lines = [f"## Where compressed sync pays: {FLAGS.ranks} ranks, link {FLAGS.link}", "",
              f"`python -m benchmarks.breakeven --ranks={FLAGS.ranks} --link={FLAGS.link} "
-             f"--ratios={','.join(FLAGS.ratios)} --repeats={FLAGS.repeats} --epochs={FLAGS.epochs}` — one bed run "
+             f"--ratios={','.join(FLAGS.ratios)} --repeats={FLAGS.repeats} --epochs={FLAGS.epochs}"
+             f"{''.join(' ' + f for f in step_flags())}` — one bed run "
              "(sync, no straggler) per configuration; steady samples/s (after the first epoch), median and runs. "
              f"Estimate: Top-K's allgather moves fewer bytes than the ring below a ratio of 1/N = {1 / FLAGS.ranks:g}; "
              f"measured: Top-K faster than dense up to a ratio of {result['largest_ratio_faster']}.", "",

@@ -82,6 +82,7 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     ("breakeven", "--ratios=0.5,2", "flag: --ratios: '2' is not a ratio"),
     ("breakeven", "--ratios=half", "flag: --ratios: 'half' is not a ratio"),
     ("breakeven", "--repeats=0", "flag: --repeats: 0 is too small"),
+    ("breakeven", "--step_ms=0.5", "flag: --step_ms: 0.5 is not accepted"),
     ("bench_multihost", "--hybrid_knobs=period", "flag: --hybrid_knobs: 'period' is not KNOB=VALUE"),
     ("bench_multihost", "--hybrid_knobs=mode=sync", "flag: --hybrid_knobs: 'mode=sync' is not KNOB=VALUE"),
 ])
