@@ -17,7 +17,9 @@ epochs (:func:`benchmarks.bed_rows.run_delays`; ``--noreplay_draws``: drawn afre
 the rate is the one over the epochs after the first, as measured (older files: slow
 in the middle third of the steps, the time-weighted mix; exact for sync, an approximation for
 async); hybrid's transient rows are simulated round by round (:func:`benchmarks.bed_rows.hybrid_transient`), its
-speed-proportional plan lagging the window's start and end. The straggler policy (mode ``policy``)
+speed-proportional plan lagging the window's start and end; its heavy rows too, over every factor
+the ranks drew from their first step (:func:`benchmarks.bed_rows.all_delays`), the plan following
+each group's moving average of its steps. The straggler policy (mode ``policy``)
 is simulated step by step (:func:`benchmarks.bed_rows.policy_rate`): sync judged in windows, hybrid's rounds after a
 switch, back at an epoch's end, as the trainer does, with its own per-step cost fitted on its
 rows without a straggler. ``--compute=real`` files enter the fit only.
@@ -194,9 +196,11 @@ def render(rows: List[dict], constants: dict, settings: Settings, paths: List[st
              "gave the constants; the others are validation"
              + (f" (the rows of {', '.join(settings.holdout)} fit nothing)" if settings.holdout else "")
              + ". Async ran across the namespaces in files that say "
-             "so, else on loopback, unshaped. "
-             + ("Heavy rows replay the Pareto factors the bed's ranks drew in the measured epochs (seeded by "
-                "seed, rank and step); " if settings.replay_draws else "Heavy rows draw the Pareto factors afresh; ")
+             "so, else on loopback, unshaped; its rows are simulated step by step, each step to the first free "
+             "worker and the workers joined at every epoch's end. "
+             + ("Heavy rows replay the Pareto factors the bed's ranks drew (seeded by seed, rank and step): sync's "
+                "in the measured epochs, hybrid's rounds, async's steps and the policy simulated over every factor "
+                "from the first step; " if settings.replay_draws else "Heavy rows draw the Pareto factors afresh; ")
              + "Measured: "
              "the steady rate (after the first epoch) where the bed recorded it, else the whole run's (*).", "",
              f"Within {tolerance:.0%}: {sum(r['within'] for r in checked)} of the {len(checked)} validation rows "

@@ -1,7 +1,7 @@
 """A bed row as the cost model prices it (:mod:`benchmarks.bed_model` compares and fits): the
 bed's JSON read and checked, its ``costs.Job`` as the bed ran it, and the predicted steady rate
 of a mode under a condition, closed form or simulated (:mod:`tfsyncmodes.simulate`: hybrid's
-rounds under a transient straggler, the straggler policy step by step). The rules are
+rounds under a transient straggler or a heavy tail, the straggler policy step by step). The rules are
 :mod:`benchmarks.bed_model`'s module doc."""
 from __future__ import annotations
 
@@ -126,6 +126,17 @@ def run_delays(bed: dict, condition: str, settings: Settings = DEFAULT) -> Optio
                   steps * bed["epochs"])
 
 
+def all_delays(bed: dict, settings: Settings = DEFAULT) -> Optional[np.ndarray]:
+    """(steps, ranks): every factor a heavy row's ranks drew from their first step, for the
+    schedules simulated from the start (hybrid's rounds, the policy's windows); None as
+    :func:`run_delays`."""
+    if not emulated(bed) or not settings.replay_draws:
+        return None
+    steps = cal.TRAIN_SAMPLES // settings.batch_size
+    return _drawn(float(bed.get("pareto_alpha", 2.0)), int(bed.get("seed", 0)), bed["ranks"], 0,
+                  steps * bed["epochs"])
+
+
 def async_across(bed: dict) -> bool:
     """Whether the file's async runs crossed the namespaces' shaped links (else loopback)."""
     return str(bed.get("async_on", "")).startswith("namespaces")
@@ -160,6 +171,14 @@ def predict(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: fl
         return policy_rate(bed, slow, condition, settings, policy_s)
     if condition == "transient" and mode == "hybrid":
         return hybrid_transient(bed, slow, settings)
+    if condition == "heavy" and mode == "hybrid" and slow.local_steps == "auto" and slow.hosts > 1:
+        drawn = all_delays(bed, settings)
+        if drawn is not None:
+            return steady_rate(*simulate.hybrid_epochs(slow, bed["epochs"], delays=drawn))
+    if mode == "async" and condition != "transient":
+        simulated = async_rate(bed, slow, condition, settings)
+        if simulated is not None:
+            return simulated
     rate = costs.predict(slow, run_delays(bed, condition, settings))[mode]
     if condition != "transient":
         return rate
@@ -175,6 +194,22 @@ def hybrid_transient(bed: dict, slow: costs.Job, settings: Settings = DEFAULT) -
     window, in_steps = straggler_window(bed, "transient", settings)
     ends, samples = simulate.hybrid_epochs(slow, bed["epochs"], window, in_steps)
     return steady_rate(ends, samples)
+
+
+def async_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings = DEFAULT) -> Optional[float]:
+    """Async's steady rate simulated step by step (:func:`tfsyncmodes.simulate.async_epochs`):
+    the trainer's epoch of ``TRAIN_SAMPLES // worker batch`` steps handed to the first free
+    worker and joined at its end, heavy rows on every factor each worker drew from its first
+    step; at most the servers' cap. None: a heavy row with nothing to replay."""
+    closures = cal.TRAIN_SAMPLES // slow.batch
+    delays = None
+    if condition == "heavy":
+        if not emulated(bed) or not settings.replay_draws:
+            return None
+        delays = _drawn(float(bed.get("pareto_alpha", 2.0)), int(bed.get("seed", 0)), bed["ranks"], 0,
+                        closures * bed["epochs"])
+    rate = steady_rate(*simulate.async_epochs(slow, bed["epochs"], closures, delays))
+    return min(rate, costs.async_capacity(slow) * slow.batch)
 
 
 def steady_rate(ends: np.ndarray, samples: np.ndarray) -> float:
@@ -210,11 +245,7 @@ def policy_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings =
     if not policy_priced(bed):
         return None
     window, in_steps = straggler_window(bed, condition, settings)
-    delays = None
-    if condition == "heavy" and emulated(bed) and settings.replay_draws:
-        steps = cal.TRAIN_SAMPLES // settings.batch_size
-        delays = _drawn(float(bed.get("pareto_alpha", 2.0)), int(bed.get("seed", 0)), bed["ranks"], 0,
-                        steps * bed["epochs"])
+    delays = all_delays(bed, settings) if condition == "heavy" else None
     defaults = knobs.KNOBS_BY_KEY
     ends, samples, _ = simulate.policy_epochs(
         slow, bed["epochs"], window, in_steps, interval=int(defaults["switch_interval"].default),

@@ -61,9 +61,13 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
         assert bed_rows.predict(timed, "sync", "transient", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-9), window
     heavy = bed_rows.job(small, "sync", "heavy", ALPHA, OVERHEAD)
     assert (heavy.pareto_alpha, heavy.straggler, heavy.tail_sigma) == (2.0, 1.0, 0.0)
-    # async: on loopback, each worker its own pace, one ps
+    # async: on loopback, each worker its own pace, one ps; an epoch's 1437 // 16 = 89 steps go
+    # to the 4 workers in turn and are joined at its end: 23 steps' time for 89 steps' samples.
     per_update = 2 * B * 8 / LOOP + 2 * ALPHA
-    want = min(4 / (WAIT + OVERHEAD + per_update), LOOP / (B * 8)) * BATCH
+    closures = 1437 // BATCH
+    paced = closures / (-(-closures // 4) * (WAIT + OVERHEAD + per_update))
+    assert (closures, paced) == (89, pytest.approx(89 / 92 * 4 / (WAIT + OVERHEAD + per_update)))
+    want = min(paced, LOOP / (B * 8)) * BATCH
     assert bed_rows.predict(small, "async", "none", ALPHA, OVERHEAD) == pytest.approx(want, rel=1e-12)
     # async across the namespaces: the shaped link at the fitted efficiency; the ps's link binds
     across = dict(small, async_on="namespaces: the chief and the ps on a host of their own, shaped alike")
@@ -76,7 +80,7 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
     # half of every pull and push, so the cap doubles, above the workers' own pace (each worker's
     # link still carries its whole pull and push): the workers bind.
     two = dict(across, ps=2)
-    own = 4 / (WAIT + OVERHEAD + 2 * B * 8 / link + 2 * ALPHA)
+    own = closures / (-(-closures // 4) * (WAIT + OVERHEAD + 2 * B * 8 / link + 2 * ALPHA))
     assert link / (B * 8) < own < 2 * link / (B * 8)
     got = bed_rows.predict(two, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
     assert got == pytest.approx(own * BATCH, rel=1e-12)

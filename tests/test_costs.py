@@ -223,6 +223,57 @@ def test_hybrid_rounds_simulated_lag_a_straggler_that_starts_mid_run():
     np.testing.assert_array_equal(samples, [16 * BATCH, 13 * BATCH, 10 * BATCH])
 
 
+def test_hybrid_rounds_simulated_replay_a_tail_by_each_ranks_own_steps():
+    """Hand-worked: rank 0's third step (its own step 2) takes 3 times as long, every other step
+    0.1 s. Round 1: 4 steps each (no plan yet); host 0 takes 0.6 s (0.1, 0.1, 0.3, 0.1), ends at
+    0.6 + C. Its moving average (the epoch's first step unmeasured, the newest weighing 0.3): 0.1,
+    0.16, 0.142. The plan: lengths 0.4 (4 fast steps: 2 and 4, 15 a second) or 3 x 0.142 = 0.426
+    (3 and 4, 16.4 a second): 3 and 4. Round 2: 0.4 s + C; host 1 has run the epoch's 8, so it
+    ends at 1.0 + 2C with 7 + 8 steps. Host 0's average falls to 0.1 + 0.042 x 0.7 ** 4 = 0.11008
+    (3 steps, each weighing 1 - 0.7 ** (4 / 3)): 3 and 4 (0.4 s, 17.5 a second) lose to 4 and 4
+    (0.44033 s, 18.2): epoch 2, two rounds of 4 and 4 fast steps, ends at 1.8 + 4C."""
+    delays = np.ones((24, 2))
+    delays[2, 0] = 3.0
+    ends, samples = simulate.hybrid_epochs(_two_hosts(), epochs=2, delays=delays)
+    np.testing.assert_allclose(ends, [1.0 + 2 * C, 1.8 + 4 * C], rtol=1e-9)
+    np.testing.assert_array_equal(samples, [15 * BATCH, 16 * BATCH])
+    # Two ranks a host: a group's step waits for its slower rank, whichever it is.
+    four = _two_hosts(ranks=4, ranks_per_host=2)
+    wide = np.ones((24, 4))
+    wide[2, 1] = 3.0
+    inner = costs.inner_seconds(four, 0.0)
+    ends, samples = simulate.hybrid_epochs(four, epochs=2, delays=wide)
+    one_round = costs.cross_seconds(four, 0.0)
+    assert ends[0] == pytest.approx(0.6 + 0.4 + 8 * inner + 2 * one_round, rel=1e-9)
+    np.testing.assert_array_equal(samples, [15 * 2 * BATCH, 16 * 2 * BATCH])
+    for bad in (delays[:, :1], delays[:0], -delays):
+        with pytest.raises(ValueError, match=r"delays of shape .*: use a \(steps, 2\) array of factors > 0"):
+            simulate.hybrid_epochs(_two_hosts(), epochs=1, delays=bad)
+
+
+def test_async_steps_simulated_go_to_the_first_free_worker_and_join_at_each_epochs_end():
+    """Hand-worked: 2 workers, epochs of 4 steps of 0.1 s, each followed by the pull and push
+    (2C: 1 MB each way over 8 Gbit/s); worker 0's own step 1 takes 5 times as long. Epoch 1:
+    steps to workers 0, 1, 0 (both free at 0.1 + 2C; the lower first), 1; worker 0 is done at
+    0.1 + 0.5 + 4C, worker 1 at 0.2 + 4C and then waits for the join. Epoch 2 from there: two
+    steps each, 0.2 + 4C."""
+    delays = np.ones((16, 2))
+    delays[1, 0] = 5.0
+    ends, samples = simulate.async_epochs(_two_hosts(), epochs=2, closures=4, delays=delays)
+    np.testing.assert_allclose(ends, [0.6 + 4 * C, 0.8 + 8 * C], rtol=1e-9)
+    np.testing.assert_array_equal(samples, [4 * BATCH, 4 * BATCH])
+    # Without a delay, epochs of whole rounds of the workers: the closed form's rate.
+    one = job(straggler=1.0)
+    ends, samples = simulate.async_epochs(one, epochs=3, closures=8 * 5)
+    rate = samples[1:].sum() / (ends[-1] - ends[0])
+    assert rate == pytest.approx(8 * BATCH / (T + 2 * B * 8 / (GBIT * 1e9) + 2 * ALPHA), rel=1e-9)
+    assert rate == pytest.approx(costs.predict(one)["async"], rel=1e-9)
+    with pytest.raises(ValueError, match=r"delays of shape .*: use a \(steps, 2\) array of factors > 0"):
+        simulate.async_epochs(_two_hosts(), epochs=1, closures=4, delays=delays[:, :1])
+    with pytest.raises(ValueError, match="use 1 or more"):
+        simulate.async_epochs(_two_hosts(), epochs=1, closures=0)
+
+
 def test_hybrid_rounds_simulated_agree_with_the_closed_form_for_a_persistent_straggler():
     """Two routes of the model to one figure: the closed form (mean step times, the plan they
     give) and the round-by-round simulation over a persistent straggler, after its first epoch."""

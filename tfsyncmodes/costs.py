@@ -35,8 +35,9 @@ What a step costs, for ``ranks`` ranks of which ``ranks_per_host`` share a host:
   not divide into rounds: every group ends an epoch at the same round) and the others their
   share of it in whole steps (:func:`plan_steps`, at least one), so slow groups do less of the work; a
   round waits for the group whose steps added up longest (Monte Carlo over the rounds).
-- **hybrid, a straggler that comes and goes**, and **the straggler policy**: simulated step by
-  step over wall time in :mod:`tfsyncmodes.simulate`.
+- **hybrid, a straggler that comes and goes** (or a replayed heavy tail, which the plan
+  follows round by round), and **the straggler policy**: simulated step by step over wall time
+  in :mod:`tfsyncmodes.simulate`.
 
 It predicts throughput (samples per second), not how many samples each mode needs to reach a
 given accuracy (async and hybrid usually need more than sync). Sizes are in bytes, times in
@@ -119,6 +120,14 @@ def _allgather_seconds(members: int, size: float, gbit: float, latency_s: float)
     return (members - 1) * latency_s + (members - 1) / members * size * 8 / (gbit * 1e9)
 
 
+def checked_delays(delays, ranks: int) -> np.ndarray:
+    """`delays` as a (steps, ranks) float array of per-step factors > 0 (ValueError otherwise)."""
+    delays = np.asarray(delays, dtype=float)
+    if delays.ndim != 2 or delays.shape[1] != ranks or not len(delays) or not (delays > 0).all():
+        raise ValueError(f"delays of shape {delays.shape}: use a (steps, {ranks}) array of factors > 0")
+    return delays
+
+
 def compute_seconds(job: Job, steps: int = SAMPLES, seed: int = SEED, delays=None) -> np.ndarray:
     """(steps, ranks) compute times: the median step, rank 0's persistent factor, a per-step
     delay of mean 1 (lognormal or Pareto), plus the fixed overhead. `delays`: a (steps, ranks)
@@ -128,10 +137,7 @@ def compute_seconds(job: Job, steps: int = SAMPLES, seed: int = SEED, delays=Non
     base[0] *= job.straggler
     overhead = job.overhead_ms / 1e3
     if delays is not None:
-        delays = np.asarray(delays, dtype=float)
-        if delays.ndim != 2 or delays.shape[1] != job.ranks or not len(delays) or not (delays > 0).all():
-            raise ValueError(f"delays of shape {delays.shape}: use a (steps, {job.ranks}) array of factors > 0")
-        return base * delays + overhead
+        return base * checked_delays(delays, job.ranks) + overhead
     if job.tail_sigma > 0:
         sigma = job.tail_sigma
         delay = rng.lognormal(-sigma * sigma / 2, sigma, size=(steps, job.ranks))  # mean 1
@@ -156,16 +162,23 @@ def predict(job: Job, delays=None) -> Dict[str, float]:
     sync_step = times.max(axis=1).mean() + allreduce_seconds(job.ranks, size, _cross_host_gbit(job), latency)
     sync = job.ranks * job.batch / sync_step
 
-    # async: a worker pulls and pushes B in turn through its own link, however many servers
-    # hold the parts; the servers' links carry B out and B in per update, one direction each,
-    # split over them.
-    per_update = 2 * size * 8 / (job.link_gbit * 1e9) + 2 * latency
-    worker_rates = 1.0 / (times.mean(axis=0) + per_update)
-    capacity = job.ps * job.link_gbit * 1e9 / (size * 8)
-    async_rate = min(worker_rates.sum(), capacity) * job.batch
+    worker_rates = 1.0 / (times.mean(axis=0) + async_update_seconds(job))
+    async_rate = min(worker_rates.sum(), async_capacity(job)) * job.batch
 
     hybrid = hybrid_rate(job, times, latency)
     return {"sync": sync, "async": async_rate, "hybrid": hybrid}
+
+
+def async_update_seconds(job: Job) -> float:
+    """An async worker's pull and push: B each way in turn through its own link, however many
+    servers hold the parts."""
+    return 2 * job.grad_bytes * 8 / (job.link_gbit * 1e9) + 2 * job.latency_us / 1e6
+
+
+def async_capacity(job: Job) -> float:
+    """Updates a second the servers' links carry: B out and B in per update, one direction each,
+    split over the ``ps`` servers."""
+    return job.ps * job.link_gbit * 1e9 / (job.grad_bytes * 8)
 
 
 def hybrid_rate(job: Job, times: np.ndarray, latency: float) -> float:

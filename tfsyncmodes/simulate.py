@@ -3,7 +3,10 @@ where a straggler comes and goes and a mean over steps would miss the order of e
 
 - :func:`hybrid_epochs`: hybrid with ``local_steps="auto"``, its rounds one by one
   (:class:`Rounds`), the trainer's plan learning each group's speed from the steps before, so
-  it lags a straggler's start and end;
+  it lags a straggler's start and end, and shortens a group's next rounds after a long step of
+  a heavy tail (a replayed trace of delays);
+- :func:`async_epochs`: async's steps as the coordinator hands them to the first free worker,
+  the workers joined at every epoch's end, so a long step there idles the others;
 - :func:`policy_epochs`: sync under ``--sync_switch_policy=straggler``
   (:mod:`tfsyncmodes.switching.straggler`): sync steps judged in windows of ``interval`` steps,
   hybrid's rounds after a switch (judged every ``ceil(interval / period)`` rounds on each
@@ -19,7 +22,8 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
-from tfsyncmodes.costs import Job, allreduce_seconds, cross_seconds, inner_seconds, plan_steps
+from tfsyncmodes.costs import (Job, allreduce_seconds, async_update_seconds, checked_delays, cross_seconds,
+                               inner_seconds, plan_steps)
 
 NEWEST = 0.3  # hybrid's planner: the newest step's weight in a group's moving average (local_steps.NEWEST)
 SKIP = 2  # steps the policy does not time after the run's start and after each switch (their tracing)
@@ -74,19 +78,26 @@ def _check(job: Job, name: str) -> None:
         raise ValueError(f"{name} simulates local_steps='auto' over 2 hosts or more with epoch_steps >= 1")
 
 
-def hybrid_epochs(job: Job, epochs: int, window=(0.0, np.inf), in_steps: bool = False):
-    """Hybrid with ``local_steps="auto"`` simulated round by round, for a straggler that comes
-    and goes: rank 0 is ``job.straggler`` times slower inside `window` (seconds after the first
-    step; `in_steps`: its own steps [a, b)), no tail. Returns (each epoch's end, seconds after
-    the first step; each epoch's samples)."""
+def hybrid_epochs(job: Job, epochs: int, window=(0.0, np.inf), in_steps: bool = False,
+                  delays: Optional[np.ndarray] = None):
+    """Hybrid with ``local_steps="auto"`` simulated round by round: rank 0 is ``job.straggler``
+    times slower inside `window` (seconds after the first step; `in_steps`: its own steps
+    [a, b)), and every rank's step scaled by `delays` (steps, ranks) where given, replayed by
+    each rank's own step count as the trainer draws them (a heavy tail: the plan follows each
+    group's moving average, so a long step makes its group's next rounds shorter). A group's
+    step waits for its slowest rank. Returns (each epoch's end, seconds after the first step;
+    each epoch's samples)."""
     _check(job, "hybrid_epochs")
-    latency = job.latency_us / 1e6
+    latency, k = job.latency_us / 1e6, job.ranks_per_host
     inner, cross = inner_seconds(job, latency), cross_seconds(job, latency)
     base, overhead = job.step_ms / 1e3, job.overhead_ms / 1e3
+    delays = None if delays is None else checked_delays(delays, job.ranks)
 
     def took(group: int, own: int, at: float) -> float:
-        slow = group == 0 and window[0] <= (own if in_steps else at) < window[1]
-        return base * (job.straggler if slow else 1.0) + overhead + inner
+        factors = np.ones(k) if delays is None else delays[own % len(delays), group * k:(group + 1) * k].copy()
+        if group == 0 and window[0] <= (own if in_steps else at) < window[1]:
+            factors[0] *= job.straggler
+        return base * float(factors.max()) + overhead + inner
 
     rounds = Rounds(job)
     ends, samples = [], []
@@ -97,6 +108,34 @@ def hybrid_epochs(job: Job, epochs: int, window=(0.0, np.inf), in_steps: bool = 
         ends.append(rounds.now)
         samples.append(int(rounds.in_epoch.sum()) * job.ranks_per_host * job.batch)
     return np.array(ends), np.array(samples)
+
+
+def async_epochs(job: Job, epochs: int, closures: int, delays: Optional[np.ndarray] = None):
+    """Async as the coordinator schedules it: an epoch's `closures` steps queued at once, each
+    worker taking the next as soon as its last is done (the first free worker, ties the lower),
+    a step its compute at its own step count (rank 0 ``job.straggler`` times slower, scaled by
+    `delays` (steps, workers) where given) and then its pull and push
+    (:func:`~tfsyncmodes.costs.async_update_seconds`), and the epoch ending when its last step
+    is done (the loop joins the workers at every epoch's end). The servers' cap is not
+    simulated (:func:`~tfsyncmodes.costs.async_capacity`). Returns (each epoch's end; each
+    epoch's samples)."""
+    if closures < 1 or epochs < 1:
+        raise ValueError(f"async_epochs of {epochs} epochs of {closures} steps: use 1 or more of each")
+    delays = None if delays is None else checked_delays(delays, job.ranks)
+    base = np.full(job.ranks, job.step_ms / 1e3)
+    base[0] *= job.straggler
+    after = job.overhead_ms / 1e3 + async_update_seconds(job)
+    own, now, ends = np.zeros(job.ranks, int), 0.0, []
+    for _ in range(epochs):
+        free = np.full(job.ranks, now)
+        for _ in range(closures):
+            worker = int(np.argmin(free))
+            factor = 1.0 if delays is None else float(delays[own[worker] % len(delays), worker])
+            free[worker] += base[worker] * factor + after
+            own[worker] += 1
+        now = float(free.max())
+        ends.append(now)
+    return np.array(ends), np.full(epochs, closures * job.batch)
 
 
 class Decider:
