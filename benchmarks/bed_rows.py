@@ -126,15 +126,15 @@ def run_delays(bed: dict, condition: str, settings: Settings = DEFAULT) -> Optio
                   steps * bed["epochs"])
 
 
-def all_delays(bed: dict, settings: Settings = DEFAULT) -> Optional[np.ndarray]:
+def all_delays(bed: dict, settings: Settings = DEFAULT, steps: Optional[int] = None) -> Optional[np.ndarray]:
     """(steps, ranks): every factor a heavy row's ranks drew from their first step, for the
-    schedules simulated from the start (hybrid's rounds, the policy's windows); None as
-    :func:`run_delays`."""
+    schedules simulated from the start (hybrid's rounds, async's steps, the policy's windows);
+    `steps` a rank (default: the run's global steps); None as :func:`run_delays`."""
     if not emulated(bed) or not settings.replay_draws:
         return None
-    steps = cal.TRAIN_SAMPLES // settings.batch_size
-    return _drawn(float(bed.get("pareto_alpha", 2.0)), int(bed.get("seed", 0)), bed["ranks"], 0,
-                  steps * bed["epochs"])
+    if steps is None:
+        steps = cal.TRAIN_SAMPLES // settings.batch_size * bed["epochs"]
+    return _drawn(float(bed.get("pareto_alpha", 2.0)), int(bed.get("seed", 0)), bed["ranks"], 0, steps)
 
 
 def async_across(bed: dict) -> bool:
@@ -202,12 +202,9 @@ def async_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings = 
     worker and joined at its end, heavy rows on every factor each worker drew from its first
     step; at most the servers' cap. None: a heavy row with nothing to replay."""
     closures = cal.TRAIN_SAMPLES // slow.batch
-    delays = None
-    if condition == "heavy":
-        if not emulated(bed) or not settings.replay_draws:
-            return None
-        delays = _drawn(float(bed.get("pareto_alpha", 2.0)), int(bed.get("seed", 0)), bed["ranks"], 0,
-                        closures * bed["epochs"])
+    delays = all_delays(bed, settings, closures * bed["epochs"]) if condition == "heavy" else None
+    if condition == "heavy" and delays is None:
+        return None
     rate = steady_rate(*simulate.async_epochs(slow, bed["epochs"], closures, delays))
     return min(rate, costs.async_capacity(slow) * slow.batch)
 

@@ -89,8 +89,8 @@ def main(argv):
         row["ratio_to_dense"] = round(row["steady_samples_per_s"] / dense, 3)
     faster = [float(r["label"].split()[1]) for r in rows if r["label"].startswith("topk") and r["ratio_to_dense"] > 1]
     result = {"ranks": FLAGS.ranks, "link": FLAGS.link, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
-              "step_ms": FLAGS.step_ms, "estimate_ratio": round(1 / FLAGS.ranks, 4), "largest_ratio_faster": max(faster) if faster else None,
-              "rows": rows}
+              "step_ms": FLAGS.step_ms, "estimate_ratio": round(1 / FLAGS.ranks, 4),
+              "largest_ratio_faster": max(faster) if faster else None, "rows": rows}
     name = f"breakeven_{FLAGS.ranks}r_{FLAGS.link}"
     with open(os.path.join(FLAGS.docs_dir, name + ".json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)

@@ -189,7 +189,8 @@ def test_losing_a_ps_stops_with_a_clear_error_and_a_rerun_resumes(tmp_path):
     assert status != 0
     # The launcher says so; when the chief's own error ends it first, the launcher reports the
     # ps's exit beside the chief's instead of stopping the cluster for it.
-    said = [l for l in cluster.lines if re.search(r"\[launch\] ps:0 exited with status -9(; stopping the cluster)?$", l)]
+    lost = r"\[launch\] ps:0 exited with status -9(; stopping the cluster)?$"
+    said = [l for l in cluster.lines if re.search(lost, l)]
     assert len(said) == 1, cluster.output[-5000:]
     chief_errors = [l for l in cluster.lines if l.startswith("[chief:0] tfsyncmodes: error:")]
     assert len(chief_errors) == 1 and "ps:0 at 127.0.0.1:" in chief_errors[0], cluster.output[-5000:]
