@@ -22,7 +22,7 @@ from absl import app, flags
 
 from benchmarks.bed_calibration import REAL_GRADIENT_BYTES, REAL_STEP_SECONDS
 from benchmarks.benchlib import DOCS, replace_section
-from tfsyncmodes import costs
+from tfsyncmodes import costs, simulate
 
 flags.DEFINE_list("ranks", ["16", "64", "256", "1024"], "Ranks (a multiple of --ranks_per_host).")
 flags.DEFINE_list("links", ["1", "10", "100"], "Links between hosts, Gbit/s.")
@@ -58,7 +58,7 @@ def project() -> list:
     for condition in CONDITIONS:
         for link in map(float, FLAGS.links):
             for ranks in map(int, FLAGS.ranks):
-                predicted = costs.predict(job(ranks, link, condition))
+                predicted = simulate.predict(job(ranks, link, condition))
                 rows.append({"condition": condition, "link_gbit": link, "ranks": ranks,
                              "samples_per_s": {m: round(v, 1) for m, v in predicted.items()}})
     return rows

@@ -251,6 +251,26 @@ def test_hybrid_rounds_simulated_replay_a_tail_by_each_ranks_own_steps():
             simulate.hybrid_epochs(_two_hosts(), epochs=1, delays=bad)
 
 
+def test_the_price_users_see_simulates_hybrids_rounds_under_a_tail_and_is_the_closed_form_without():
+    """simulate.predict (advise, auto, the projection): without a tail every mode is
+    costs.predict's; with the trace of the hand-worked rounds above (rank 0's own step 2 three
+    times as long, epochs of 8 steps) hybrid runs until a group has used the trace's 16 steps:
+    7 + 8 steps by 1.0 + 2C, then 8 + 8 by 1.8 + 4C, so 31 steps' samples in 1.8 + 4C; sync and
+    async are the closed form's on the same trace."""
+    for plain in (job(straggler=4.0, local_steps="auto", epoch_steps=22), job(), _two_hosts()):
+        assert simulate.predict(plain) == costs.predict(plain)
+    delays = np.ones((16, 2))
+    delays[2, 0] = 3.0
+    got = simulate.predict(_two_hosts(), delays)
+    assert got["hybrid"] == pytest.approx(31 * BATCH / (1.8 + 4 * C), rel=1e-9)
+    closed = costs.predict(_two_hosts(), delays)
+    assert (got["sync"], got["async"]) == (closed["sync"], closed["async"])
+    assert closed["hybrid"] > got["hybrid"]  # the mean plan runs 8 and 8 every round
+    # A drawn tail: below the mean plan's price.
+    tail = job(tail_sigma=0.5, local_steps="auto")
+    assert simulate.predict(tail)["hybrid"] < costs.predict(tail)["hybrid"]
+
+
 def test_async_steps_simulated_go_to_the_first_free_worker_and_join_at_each_epochs_end():
     """Hand-worked: 2 workers, epochs of 4 steps of 0.1 s, each followed by the pull and push
     (2C: 1 MB each way over 8 Gbit/s); worker 0's own step 1 takes 5 times as long. Epoch 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from tfsyncmodes import costs
+from tfsyncmodes import costs, simulate
 from tfsyncmodes.errors import ConfigError, run
 
 flags.DEFINE_integer("ranks", 8, "Ranks (processes, one per GPU).", lower_bound=1)
@@ -36,7 +36,7 @@ FIELDS = ("ranks", "ranks_per_host", "step_ms", "grad_mb", "link_gbit", "host_gb
 
 
 def report(job: costs.Job) -> str:
-    predicted = costs.predict(job)
+    predicted = simulate.predict(job)
     lines = [f"{'mode':<8}{'samples/s':>14}{'of sync':>10}"]
     for mode in costs.MODES:
         lines.append(f"{mode:<8}{predicted[mode]:>14,.0f}{predicted[mode] / predicted['sync']:>10.2f}")

@@ -5,6 +5,8 @@ where a straggler comes and goes and a mean over steps would miss the order of e
   (:class:`Rounds`), the trainer's plan learning each group's speed from the steps before, so
   it lags a straggler's start and end, and shortens a group's next rounds after a long step of
   a heavy tail (a replayed trace of delays);
+- :func:`predict`: :func:`tfsyncmodes.costs.predict` with hybrid's rounds under a per-step
+  tail simulated (what ``advise``, ``--sync_mode=auto`` and the projection price with);
 - :func:`async_epochs`: async's steps as the coordinator hands them to the first free worker,
   the workers joined at every epoch's end, so a long step there idles the others;
 - :func:`policy_epochs`: sync under ``--sync_switch_policy=straggler``
@@ -17,11 +19,13 @@ group; here they are the host's). Times in seconds.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from tfsyncmodes import costs
 from tfsyncmodes.costs import (Job, allreduce_seconds, async_update_seconds, checked_delays, cross_seconds,
                                inner_seconds, plan_steps)
 
@@ -82,11 +86,9 @@ def hybrid_epochs(job: Job, epochs: int, window=(0.0, np.inf), in_steps: bool = 
                   delays: Optional[np.ndarray] = None):
     """Hybrid with ``local_steps="auto"`` simulated round by round: rank 0 is ``job.straggler``
     times slower inside `window` (seconds after the first step; `in_steps`: its own steps
-    [a, b)), and every rank's step scaled by `delays` (steps, ranks) where given, replayed by
-    each rank's own step count as the trainer draws them (a heavy tail: the plan follows each
-    group's moving average, so a long step makes its group's next rounds shorter). A group's
-    step waits for its slowest rank. Returns (each epoch's end, seconds after the first step;
-    each epoch's samples)."""
+    [a, b)), every rank's step scaled by `delays` (steps, ranks) where given, by its own step
+    count as the trainer draws them; a group's step waits for its slowest rank. Returns (each
+    epoch's end, seconds after the first step; each epoch's samples)."""
     _check(job, "hybrid_epochs")
     latency, k = job.latency_us / 1e6, job.ranks_per_host
     inner, cross = inner_seconds(job, latency), cross_seconds(job, latency)
@@ -108,6 +110,28 @@ def hybrid_epochs(job: Job, epochs: int, window=(0.0, np.inf), in_steps: bool = 
         ends.append(rounds.now)
         samples.append(int(rounds.in_epoch.sum()) * job.ranks_per_host * job.batch)
     return np.array(ends), np.array(samples)
+
+
+def predict(job: Job, delays: Optional[np.ndarray] = None) -> Dict[str, float]:
+    """:func:`tfsyncmodes.costs.predict`, but hybrid (``local_steps="auto"``, 2 hosts or more)
+    under a per-step tail, drawn or `delays`, run round by round over the same compute times
+    (:class:`Rounds`: a long step shortens its group's next rounds, which a plan from the mean
+    step times leaves out). Without a tail the closed form is kept."""
+    predicted = costs.predict(job, delays)
+    tail = delays is not None or job.tail_sigma > 0 or job.pareto_alpha > 0
+    if not (tail and job.local_steps == "auto" and job.hosts > 1):
+        return predicted
+    times = costs.compute_seconds(job, delays=delays)
+    latency, k = job.latency_us / 1e6, job.ranks_per_host
+    inner, cross = inner_seconds(job, latency), cross_seconds(job, latency)
+    steps = len(times)
+    rounds = Rounds(job if job.epoch_steps else dataclasses.replace(job, epoch_steps=steps))
+    rounds.begin_epoch()
+    while rounds.ran.max() < steps:
+        if rounds.run(lambda g, own, at: float(times[own % steps, g * k:(g + 1) * k].max()) + inner, cross):
+            rounds.begin_epoch()
+    predicted["hybrid"] = float(rounds.ran.sum()) * k * job.batch / rounds.now
+    return predicted
 
 
 def async_epochs(job: Job, epochs: int, closures: int, delays: Optional[np.ndarray] = None):

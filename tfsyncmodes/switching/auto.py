@@ -20,7 +20,7 @@ are ready, before any collective. One allgather gives every rank every rank's fi
   PCIe class); on one host every link is the fitted one;
 - hybrid: the run's period and local steps, its groups (below), the steps of an epoch.
 
-:func:`choose` predicts each mode's rate with :func:`tfsyncmodes.costs.predict` and picks:
+:func:`choose` predicts each mode's rate with :func:`tfsyncmodes.simulate.predict` and picks:
 
 1. hybrid predicted at least :data:`HYBRID_MARGIN` times sync's rate: ``hybrid`` (the margin
    stands for the samples hybrid needs beyond sync's for the same accuracy, which the model
@@ -39,7 +39,7 @@ import dataclasses
 import math
 from typing import Dict, Optional, Sequence, Tuple
 
-from tfsyncmodes import costs
+from tfsyncmodes import costs, simulate
 from tfsyncmodes.switching.decision import Groups, median, own_step_times, slow_first_groups
 
 HYBRID_MARGIN = 1.25  # hybrid's predicted rate over sync's that pays for its extra samples
@@ -119,7 +119,7 @@ def choose(profile: Profile, threshold: float, group_size: int, host_groups: Opt
     if ranks <= 1:
         return Choice("sync", (), "auto: one process: sync (nothing to exchange)")
     job = job_from_profile(profile, group_size, host_groups is not None, period, local_steps, epoch_steps)
-    predicted = costs.predict(job)
+    predicted = simulate.predict(job)
     gain = predicted["hybrid"] / predicted["sync"]
     figures = (f"{profile.steps} steps profiled: median step {job.step_ms:.1f} ms without the exchange, "
                f"slowest/others' median {job.straggler:.2f} (threshold {threshold:g}), tail sigma "
