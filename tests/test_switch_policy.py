@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import PYTHON, REPO, clean_env
+from tests.conftest import PYTHON, REPO, WORKERS, clean_env
 from tfsyncmodes import config
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.switching.decision import StragglerDecider, own_step_times, slow_first_groups
@@ -268,6 +268,13 @@ def test_straggler_policy_switches_to_hybrid_inside_the_window_and_back(tmp_path
     up = next(d for d in decisions if d["switched"] and d["mode"] == "hybrid")
     assert 1 in up["groups"][0] and up["ratio"] >= 1.5
     slow_group, fast_group = up["groups"][0], [r for r in range(4) if r not in up["groups"][0]]
+    # Horovod negotiates no set but the world's until the switch; at the end of the step that
+    # decided it (the one before the first hybrid step) the two groups' and the two columns'
+    # (a rank at the same place in each group) were added, and no more.
+    columns = [sorted([slow_group[i], up["groups"][1][i]]) for i in range(2)]
+    for r, rank in enumerate(ranks):
+        sets = json.loads(str(rank["sets"]))
+        assert sets == [[0, []], [switches[r][0][0] - 1, sorted([sorted(slow_group), sorted(fast_group)] + columns)]], sets
     # Each rank's logged mode changes exactly at its switches; back to sync only at an epoch's
     # start (the decision waits for the epoch's end).
     for r, rank in enumerate(ranks):
@@ -324,3 +331,25 @@ def test_straggler_policy_switches_to_hybrid_inside_the_window_and_back(tmp_path
     assert len(scalars["switch_policy/step_ms_rank_1"]) == len(decisions)
     assert max(v for _, v in scalars["switch_policy/step_ms_rank_1"]) > 1.5 * np.median(
         [v for _, v in scalars["switch_policy/step_ms_rank_0"]])
+
+
+@pytest.mark.timeout(300)
+def test_the_policy_under_a_horovod_the_user_started_without_dynamic_sets_refuses_at_the_start():
+    """The policy adds its groups' process sets when it switches, which needs Horovod's dynamic
+    process sets: a script that called plain ``hvd.init()`` first is refused before training,
+    one line per rank, status 2 (not mid-run at the first switch)."""
+    script = os.path.join(WORKERS, "policy_after_user_init.py")
+    plain = localrun.run(localrun.horovodrun_command(2, [PYTHON, script]), timeout=240, env=clean_env(), cwd=REPO)
+    assert plain.returncode != 0 and "RESULT" not in plain.stdout, plain.stdout[-2000:]
+    output = plain.stdout + plain.stderr
+    ranks = [line for line in output.splitlines() if line.startswith(("[0]", "[1]"))]  # not horovodrun's own
+    assert ranks and not any("Traceback" in line for line in ranks), output[-3000:]
+    errors = [line.split("tfsyncmodes: error:", 1)[1] for line in ranks if "tfsyncmodes: error:" in line]
+    assert len(errors) == 2 and len(set(errors)) == 1, output[-3000:]
+    assert "horovod: process sets" in errors[0] and "process_sets='dynamic'" in errors[0], errors
+    assert "Exit code: 2" in output, output[-2000:]
+    dynamic = localrun.run(localrun.horovodrun_command(2, [PYTHON, script, "dynamic"]), timeout=240,
+                           env=clean_env(), cwd=REPO)
+    assert dynamic.returncode == 0, dynamic.stderr[-3000:]
+    assert sorted(line.split("RESULT ", 1)[1] for line in dynamic.stdout.splitlines() if "RESULT " in line) == [
+        "rank 0 mode sync", "rank 1 mode sync"]

@@ -4,7 +4,8 @@
 
 The policy's knobs and the straggler come from the environment (TFSYNC_SWITCH_POLICY,
 TFSYNC_SLOW_WORKER=1:4.0@30%-60%, ...). Saves OUTDIR/rank<R>.npz: each step's logged mode and (epoch, batch), the History, the optimizer's step count, the
-policy's decisions (with the step times they were made from), the switches, the final weights;
+policy's decisions (with the step times they were made from), the switches, the final weights,
+the Horovod process sets other than the world's at each step's end where they changed;
 the chief also the TensorBoard scalars of the per-rank step times.
 """
 import json
@@ -40,7 +41,15 @@ def main(argv):
     def dataset_fn(context):
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True).repeat()
 
-    modes, batches = [], []
+    import horovod.tensorflow as hvd
+
+    modes, batches, sets = [], [], []
+
+    def registered():  # Horovod's own table: the sets it negotiates every cycle
+        from horovod.tensorflow.mpi_ops import _basics
+
+        table = _basics._get_process_set_ids_and_ranks()
+        return sorted(sorted(ranks) for ranks in table.values() if len(ranks) < hvd.size())
 
     class Record(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -49,6 +58,9 @@ def main(argv):
         def on_train_batch_end(self, batch, logs=None):
             modes.append(float(logs["mode"]))
             batches.append([self.epoch, batch])
+            now = registered()
+            if not sets or sets[-1][1] != now:
+                sets.append([len(modes) - 1, now])
 
     with strategy.scope():
         keras.utils.set_random_seed(7)
@@ -77,7 +89,7 @@ def main(argv):
     np.savez(os.path.join(args.outdir, f"rank{rank}.npz"), modes=np.array(modes), final=weights,
              decisions=json.dumps(decisions), switches=json.dumps(policy.switches),
              scalars=json.dumps(scalars), interval=policy.interval, strategy_mode=strategy.mode,
-             batches=np.array(batches), history=json.dumps({k: [float(v) for v in vs] for k, vs in history.history.items()}),
+             batches=np.array(batches), sets=json.dumps(sets), history=json.dumps({k: [float(v) for v in vs] for k, vs in history.history.items()}),
              iterations=int(np.asarray(model.optimizer.iterations)))
 
 

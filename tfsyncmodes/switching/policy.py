@@ -1,11 +1,12 @@
 """``--sync_switch_policy=straggler`` as a switch plan: in force when the knob says so; starts in
-sync and may switch to hybrid and back; registers every process set a grouping may need before
-Horovod starts; its callback (:class:`~tfsyncmodes.switching.straggler.StragglerSwitch`)
+sync and may switch to hybrid and back; starts Horovod with dynamic process sets, the groups'
+added at the first switch (:mod:`~tfsyncmodes.switching.candidates`); its callback (:class:`~tfsyncmodes.switching.straggler.StragglerSwitch`)
 decides when."""
 from __future__ import annotations
 
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.registry import SWITCH_PLANS
+from tfsyncmodes.strategies import horovod_start
 from tfsyncmodes.switching import candidates
 from tfsyncmodes.switching.plans import SwitchPlan
 from tfsyncmodes.switching.straggler import StragglerSwitch
@@ -18,6 +19,7 @@ class StragglerPlan(SwitchPlan):
     knob = "switch_policy"
     policy = "straggler"  # the knob's value that puts this plan in force
     decides_at_rounds = True
+    groups_at_switch = True  # the hybrid groups' process sets are added when it switches
 
     def modes(self, config):
         if config.switch_policy != self.policy:
@@ -30,7 +32,8 @@ class StragglerPlan(SwitchPlan):
         return ("sync", "hybrid")
 
     def prepare_horovod(self, config, horovod_env) -> None:
-        candidates.init_horovod(horovod_env.size, candidates.default_group_size(config, horovod_env.size))
+        del horovod_env
+        candidates.init_horovod(horovod_start.gloo_timeouts(config))
 
     def callbacks(self, strategy):
         return [StragglerSwitch(strategy, candidates.default_group_size(strategy.config, strategy.num_workers))]

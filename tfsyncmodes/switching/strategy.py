@@ -44,6 +44,7 @@ class SwitchingStrategy(HorovodStrategy):
         self.configs = {m: mode_config(config, m, at_rounds) for m in self.modes}
         self._mode = self.modes[0]
         self.layout, self._groups = None, None
+        self._sets_added = True  # the groups' process sets are Horovod's (see regroup)
         prepare = getattr(plan, "prepare_horovod", None)  # e.g. process sets a policy may need
         if prepare is not None and horovod_env is not None:
             prepare(config, horovod_env)
@@ -51,7 +52,12 @@ class SwitchingStrategy(HorovodStrategy):
             hybrid = self.configs["hybrid"]
             self.layout = groups_lib.layout_from_config(hybrid, horovod_env.size, horovod_env.local_size)
             horovod_start.gloo_timeouts(config)  # Gloo's timeout first (no elastic switching)
-            self._groups = start_groups(self.layout)
+            if getattr(plan, "groups_at_switch", False) and horovod_env is not None:
+                # no process set yet: regroup adds the groups' at the first switch to hybrid
+                self._groups = groups_lib.ActiveGroups(self.layout, horovod_env.rank, None, None)
+                self._sets_added = False
+            else:
+                self._groups = start_groups(self.layout)
         super().__init__(config)
 
     @property
@@ -71,11 +77,14 @@ class SwitchingStrategy(HorovodStrategy):
         return self._groups
 
     def regroup(self, layout: groups_lib.GroupLayout) -> Optional[groups_lib.ActiveGroups]:
-        """Makes `layout` the hybrid groups (their process sets were registered at start, see
-        :mod:`~tfsyncmodes.switching.candidates`); returns the new groups, None if unchanged."""
-        if layout == self.layout:
+        """Makes `layout` the hybrid groups, adding their process sets to Horovod where it does
+        not know them yet (a plan that chooses groups at the switch starts Horovod with dynamic
+        process sets, see :mod:`~tfsyncmodes.switching.candidates`; every rank calls this at the
+        same step boundary); returns the new groups, None if unchanged."""
+        if layout == self.layout and self._sets_added:
             return None
         self.layout, self._groups = layout, groups_lib.init_horovod(layout)
+        self._sets_added = True
         return self._groups
 
     @property
