@@ -7,7 +7,7 @@
   (:class:`~tfsyncmodes.switching.strategy.SwitchingStrategy`).
 - :mod:`~tfsyncmodes.switching.callback`: :class:`ModeSwitch`, the public switch at a step
   boundary, and the ``--sync_mode_schedule`` driver.
-- :mod:`~tfsyncmodes.switching.decision` (pure), :mod:`~tfsyncmodes.switching.candidates`,
+- :mod:`~tfsyncmodes.switching.decision` (pure) and
   :mod:`~tfsyncmodes.switching.straggler`: the online straggler policy.
 - :mod:`~tfsyncmodes.switching.auto` (the profile and the pick, pure),
   :mod:`~tfsyncmodes.switching.auto_policy` (``--sync_switch_policy=auto``: the callback that

@@ -21,7 +21,8 @@ from absl import logging
 
 from tfsyncmodes.exchange import communicators, recipes
 from tfsyncmodes.registry import SWITCH_PLANS
-from tfsyncmodes.switching import auto, candidates
+from tfsyncmodes.switching import auto
+from tfsyncmodes.switching.decision import default_group_size
 from tfsyncmodes.switching.policy import StragglerPlan
 from tfsyncmodes.switching.straggler import StragglerSwitch
 
@@ -86,4 +87,4 @@ class AutoPlan(StragglerPlan):
     policy = "auto"
 
     def callbacks(self, strategy):
-        return [AutoSwitch(strategy, candidates.default_group_size(strategy.config, strategy.num_workers))]
+        return [AutoSwitch(strategy, default_group_size(strategy.config, strategy.num_workers))]

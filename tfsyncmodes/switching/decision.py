@@ -69,6 +69,15 @@ def sync_step(steps: Sequence[Sequence[float]]) -> Optional[float]:
     return sum(max(own[len(own) - n + i] for own in steps) for i in range(n)) / n
 
 
+def default_group_size(config, world_size: int) -> int:
+    """The policy's group size: the configured one when it divides the world into 2 groups or
+    more, else half the world."""
+    size = 0 if config.group_size == "host" else config.group_size
+    if size and world_size % size == 0 and size < world_size:
+        return size
+    return max(world_size // 2, 1)
+
+
 def slow_first_groups(times: Sequence[float], group_size: int) -> Groups:
     """Ranks ordered slowest first (ties: lower rank first) and cut into groups of
     `group_size`: the slow ranks share the first group, the fast ones train in the others."""

@@ -1,13 +1,13 @@
 """``--sync_switch_policy=straggler`` as a switch plan: in force when the knob says so; starts in
-sync and may switch to hybrid and back; starts Horovod with dynamic process sets, the groups'
-added at the first switch (:mod:`~tfsyncmodes.switching.candidates`); its callback (:class:`~tfsyncmodes.switching.straggler.StragglerSwitch`)
-decides when."""
+sync and may switch to hybrid and back; Horovod starts without the hybrid groups' process sets,
+which the strategy brings in at each switch to hybrid and drops at each switch back
+(:meth:`~tfsyncmodes.switching.strategy.SwitchingStrategy.regroup`); its callback
+(:class:`~tfsyncmodes.switching.straggler.StragglerSwitch`) decides when."""
 from __future__ import annotations
 
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.registry import SWITCH_PLANS
-from tfsyncmodes.strategies import horovod_start
-from tfsyncmodes.switching import candidates
+from tfsyncmodes.switching.decision import default_group_size
 from tfsyncmodes.switching.plans import SwitchPlan
 from tfsyncmodes.switching.straggler import StragglerSwitch
 
@@ -19,7 +19,7 @@ class StragglerPlan(SwitchPlan):
     knob = "switch_policy"
     policy = "straggler"  # the knob's value that puts this plan in force
     decides_at_rounds = True
-    groups_at_switch = True  # the hybrid groups' process sets are added when it switches
+    groups_at_switch = True  # the hybrid groups' process sets only while it trains in hybrid
 
     def modes(self, config):
         if config.switch_policy != self.policy:
@@ -31,9 +31,5 @@ class StragglerPlan(SwitchPlan):
                               + (" (or --sync_mode=auto)" if self.policy == "auto" else ""))
         return ("sync", "hybrid")
 
-    def prepare_horovod(self, config, horovod_env) -> None:
-        del horovod_env
-        candidates.init_horovod(horovod_start.gloo_timeouts(config))
-
     def callbacks(self, strategy):
-        return [StragglerSwitch(strategy, candidates.default_group_size(strategy.config, strategy.num_workers))]
+        return [StragglerSwitch(strategy, default_group_size(strategy.config, strategy.num_workers))]

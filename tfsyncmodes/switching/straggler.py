@@ -17,8 +17,10 @@ time across an epoch's end (evaluation, checkpoints) is not counted.
 
 Groups are chosen at the switch: the run's hosts when it spans hosts that are groups of the
 policy's size (the slowest rank's host first; a group's every-step exchange stays inside a
-host), else the slow ranks share a group. Every process set a grouping
-may need is registered when Horovod starts (:mod:`~tfsyncmodes.switching.candidates`), and the
+host), else the slow ranks share a group. Horovod negotiates every registered process set in
+every cycle of its background loop, so the strategy restarts Horovod with the groups' sets at
+each switch to hybrid and without them at each switch back
+(:meth:`~tfsyncmodes.switching.strategy.SwitchingStrategy.regroup`), and the
 hybrid exchange is rebuilt for the new groups over the optimizer variables its state already
 has (the same config builds the same state, in the same order).
 

@@ -45,47 +45,67 @@ class SwitchingStrategy(HorovodStrategy):
         self._mode = self.modes[0]
         self.layout, self._groups = None, None
         self._sets_added = True  # the groups' process sets are Horovod's (see regroup)
-        prepare = getattr(plan, "prepare_horovod", None)  # e.g. process sets a policy may need
+        self._restarts_horovod = bool(getattr(plan, "groups_at_switch", False))
+        prepare = getattr(plan, "prepare_horovod", None)
         if prepare is not None and horovod_env is not None:
             prepare(config, horovod_env)
         if "hybrid" in self.modes:
             hybrid = self.configs["hybrid"]
             self.layout = groups_lib.layout_from_config(hybrid, horovod_env.size, horovod_env.local_size)
             horovod_start.gloo_timeouts(config)  # Gloo's timeout first (no elastic switching)
-            if getattr(plan, "groups_at_switch", False) and horovod_env is not None:
-                # no process set yet: regroup adds the groups' at the first switch to hybrid
+            if self._restarts_horovod and horovod_env is not None:
+                # no process set yet: regroup brings the groups' in at the switch to hybrid
                 self._groups = groups_lib.ActiveGroups(self.layout, horovod_env.rank, None, None)
                 self._sets_added = False
             else:
                 self._groups = start_groups(self.layout)
         super().__init__(config)
-
     @property
     def mode(self) -> str:
         """The mode the run trains in now (changes at each switch)."""
         return self._mode
 
     def mode_switched(self, mode: str) -> None:
-        """Called by the switch callback once every optimizer it drives runs `mode`."""
+        """Called by the switch callback once every optimizer it drives runs `mode` (every rank
+        at the same step boundary). Leaving hybrid under a plan that chooses its groups at the
+        switch, Horovod restarts without the groups' process sets (see :meth:`regroup`)."""
         if mode not in self.modes:
             raise ConfigError("switch_to", "mode", f"{mode!r} is not a mode of this run",
                               "use one of: " + ", ".join(self.modes))
         self._mode = mode
+        if mode != "hybrid" and self._restarts_horovod and self._sets_added:
+            self._restart_horovod([])
+            self._sets_added = False  # the next switch to hybrid rebuilds its exchange
 
     @property
     def groups(self) -> Optional[groups_lib.ActiveGroups]:
         return self._groups
 
     def regroup(self, layout: groups_lib.GroupLayout) -> Optional[groups_lib.ActiveGroups]:
-        """Makes `layout` the hybrid groups, adding their process sets to Horovod where it does
-        not know them yet (a plan that chooses groups at the switch starts Horovod with dynamic
-        process sets, see :mod:`~tfsyncmodes.switching.candidates`; every rank calls this at the
-        same step boundary); returns the new groups, None if unchanged."""
+        """Makes `layout` the hybrid groups (every rank at the same step boundary); returns the
+        new groups, None if unchanged.
+
+        Horovod negotiates every process set it knows in every cycle of its background loop,
+        whether it carries traffic or not (each set about one more negotiation a cycle; dynamic
+        process sets, which could add them later, cost about as much in every cycle). So a plan
+        that chooses its groups at the switch (the straggler policy) runs sync with the world's
+        set only, and here Horovod is shut down and started again with exactly `layout`'s sets
+        (well under a second with every rank at the boundary); traced steps over the world's
+        set stay valid, the hybrid exchange is rebuilt over the new sets."""
         if layout == self.layout and self._sets_added:
             return None
+        if self._restarts_horovod:
+            self._restart_horovod(layout.process_set_ranks())
         self.layout, self._groups = layout, groups_lib.init_horovod(layout)
         self._sets_added = True
         return self._groups
+
+    def _restart_horovod(self, sets) -> None:
+        """Horovod shut down and started again with exactly the process sets `sets` (rank lists;
+        sets a script registered itself are not kept)."""
+        hvd = self.hvd
+        hvd.shutdown()
+        horovod_start.start(hvd, self.gloo_timeouts, process_sets=[hvd.ProcessSet(list(r)) for r in sets])
 
     @property
     def group_index(self) -> Optional[int]:
