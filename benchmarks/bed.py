@@ -229,8 +229,12 @@ def main(argv):
                         sys.stderr.write(str(error.stdout or "")[-3000:] + str(error.stderr or "")[-6000:])
                         sys.exit(f"benchmarks.bed: {mode} / {condition} did not end within --timeout={FLAGS.timeout:g} s")
                     if result.returncode != 0 or not os.path.exists(f"{work}/metrics.json"):
+                        kept = os.path.join(FLAGS.docs_dir, f"bed-failed-{mode}-{condition}.log")
+                        with open(kept, "w", encoding="utf-8") as handle:  # the whole output: the tail may be a dump
+                            handle.write(result.stdout + "\n--- stderr ---\n" + result.stderr)
                         sys.stderr.write(result.stdout[-2000:] + result.stderr[-4000:])
-                        sys.exit(f"benchmarks.bed: {mode} / {condition} failed with status {result.returncode}")
+                        sys.exit(f"benchmarks.bed: {mode} / {condition} failed with status {result.returncode} "
+                                 f"(its whole output: {kept})")
                     with open(f"{work}/metrics.json", encoding="utf-8") as handle:
                         run = summarise(mode, json.load(handle))
                     run["repeat"] = repeat

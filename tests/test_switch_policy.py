@@ -361,3 +361,41 @@ def test_the_policys_restarts_bring_the_groups_sets_in_and_out_and_keep_traced_s
         group = {0: 1 + 3, 2: 1 + 3, 1: 2 + 4, 3: 2 + 4}[r["rank"]]
         assert r["group"] == r["group_again"] == group and r["rebuilt"], r
         assert r["world"] == 1 + 2 + 3 + 4 and r["traced"] == [10.0, 10.0, 10.0], r
+        assert r["rendezvous"] == "127.0.0.1", r  # rank 0's own store, on loopback (one host)
+
+
+def test_a_restart_rendezvous_store_is_cleared_of_the_last_starts_addresses(monkeypatch):
+    """Rank 0's store (Horovod's own HTTP rendezvous server, real, on loopback): keys a start
+    left, in every scope, are gone when rank 0 prepares the next restart, so no rank reads a
+    peer's old port; the store stays at the same address."""
+    import urllib.error
+    import urllib.request
+
+    from tfsyncmodes.strategies.horovod_restart import Restarts
+
+    monkeypatch.setenv("HOROVOD_HOSTNAME", "localhost")  # as horovodrun sets it on one host
+    restarts = Restarts(hvd=None)
+    where = restarts._serve()
+    try:
+        assert where.startswith("127.0.0.1:"), where
+
+        def put(scope, key, value):
+            request = urllib.request.Request(f"http://{where}/{scope}/{key}", data=value, method="PUT")
+            urllib.request.urlopen(request, timeout=10).close()
+
+        def get(scope, key):
+            try:
+                with urllib.request.urlopen(f"http://{where}/{scope}/{key}", timeout=10) as response:
+                    return response.read()
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        for scope in ("global", "local_hosta", "cross_0", "global_ps1"):
+            put(scope, "0", b"old address")
+            assert get(scope, "0") == b"old address"
+        assert restarts._serve() == where
+        for scope in ("global", "local_hosta", "cross_0", "global_ps1"):
+            assert get(scope, "0") == 404, scope
+    finally:
+        restarts._server.shutdown()
+        restarts._server.server_close()

@@ -8,6 +8,7 @@ phase, the sum over this rank's group during it, the world's sum after, and an a
 traced function made before the restarts, called after each.
 """
 import json
+import os
 import sys
 
 
@@ -30,6 +31,7 @@ def main(argv):
     out = {"rank": rank, "sets": [groups_lib.own_sets()], "traced": [float(traced(value)[0])]}
     active = strategy.regroup(groups_lib.GroupLayout(((0, 2), (1, 3))))  # a switch to hybrid
     out["sets"].append(groups_lib.own_sets())
+    out["rendezvous"] = os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]  # rank 0's store, not horovodrun's
     out["group"] = float(hvd.allreduce(value, op=hvd.Sum, process_set=active.group_set)[0])
     out["traced"].append(float(traced(value)[0]))
     strategy.mode_switched("sync")  # and back

@@ -19,7 +19,7 @@ from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.exchange.recipes import mode_config
 from tfsyncmodes.keras import make_optimizer
 from tfsyncmodes.keras.hybrid_callbacks import DrainExchange, WireTrafficLogger
-from tfsyncmodes.strategies import horovod_start
+from tfsyncmodes.strategies import horovod_restart, horovod_start
 from tfsyncmodes.strategies.horovod import HorovodStrategy
 from tfsyncmodes.strategies.hybrid import start_groups
 from tfsyncmodes.switching.callback import ModeSwitch
@@ -46,6 +46,7 @@ class SwitchingStrategy(HorovodStrategy):
         self.layout, self._groups = None, None
         self._sets_added = True  # the groups' process sets are Horovod's (see regroup)
         self._restarts_horovod = bool(getattr(plan, "groups_at_switch", False))
+        self._restarts = None  # made at the first restart
         prepare = getattr(plan, "prepare_horovod", None)
         if prepare is not None and horovod_env is not None:
             prepare(config, horovod_env)
@@ -102,10 +103,11 @@ class SwitchingStrategy(HorovodStrategy):
 
     def _restart_horovod(self, sets) -> None:
         """Horovod shut down and started again with exactly the process sets `sets` (rank lists;
-        sets a script registered itself are not kept)."""
-        hvd = self.hvd
-        hvd.shutdown()
-        horovod_start.start(hvd, self.gloo_timeouts, process_sets=[hvd.ProcessSet(list(r)) for r in sets])
+        sets a script registered itself are not kept), at a rendezvous of its own
+        (:mod:`~tfsyncmodes.strategies.horovod_restart`)."""
+        if self._restarts is None:
+            self._restarts = horovod_restart.Restarts(self.hvd)
+        self._restarts.restart(self.gloo_timeouts, sets)
 
     @property
     def group_index(self) -> Optional[int]:
