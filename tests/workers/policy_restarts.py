@@ -19,6 +19,11 @@ def main(argv):
     import tfsyncmodes
     from tfsyncmodes.exchange import groups as groups_lib
 
+    def sets():  # Horovod's own table, by id, the world's left out
+        from horovod.tensorflow.mpi_ops import _basics
+
+        return [sorted(r) for i, r in sorted(_basics._get_process_set_ids_and_ranks().items()) if i]
+
     strategy = tfsyncmodes.make_strategy("sync", switch_policy="straggler")
     hvd = strategy.hvd
     rank = hvd.rank()
@@ -28,14 +33,14 @@ def main(argv):
     def traced(x):  # traced once, over the world's set, as sync's train step is
         return hvd.allreduce(x, op=hvd.Sum, name="traced")
 
-    out = {"rank": rank, "sets": [groups_lib.own_sets()], "traced": [float(traced(value)[0])]}
+    out = {"rank": rank, "sets": [sets()], "traced": [float(traced(value)[0])]}
     active = strategy.regroup(groups_lib.GroupLayout(((0, 2), (1, 3))))  # a switch to hybrid
-    out["sets"].append(groups_lib.own_sets())
+    out["sets"].append(sets())
     out["rendezvous"] = os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]  # rank 0's store, not horovodrun's
     out["group"] = float(hvd.allreduce(value, op=hvd.Sum, process_set=active.group_set)[0])
     out["traced"].append(float(traced(value)[0]))
     strategy.mode_switched("sync")  # and back
-    out["sets"].append(groups_lib.own_sets())
+    out["sets"].append(sets())
     out["world"] = float(hvd.allreduce(value, op=hvd.Sum)[0])
     out["traced"].append(float(traced(value)[0]))
     again = strategy.regroup(groups_lib.GroupLayout(((0, 2), (1, 3))))  # the same groups again

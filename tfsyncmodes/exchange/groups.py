@@ -13,7 +13,7 @@ with equal sizes the mean over groups of the group means is also the mean over a
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Tuple
+from typing import Tuple
 
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.knobs import KNOBS_BY_KEY
@@ -115,14 +115,6 @@ def _registered_sets():
 
     return {tuple(sorted(ranks)): _temp_process_set_object(set_id)
             for set_id, ranks in _basics._get_process_set_ids_and_ranks().items()}
-
-
-def own_sets() -> List[List[int]]:
-    """The process sets Horovod knows other than the world's, as rank lists in the order of
-    their ids (the order to register them in again for them to keep their ids)."""
-    from horovod.tensorflow.mpi_ops import _basics
-
-    return [sorted(ranks) for set_id, ranks in sorted(_basics._get_process_set_ids_and_ranks().items()) if set_id]
 
 
 def init_horovod(layout: GroupLayout, dynamic: bool = False) -> ActiveGroups:

@@ -47,9 +47,6 @@ class SwitchingStrategy(HorovodStrategy):
         self._sets_added = True  # the groups' process sets are Horovod's (see regroup)
         self._restarts_horovod = bool(getattr(plan, "groups_at_switch", False))
         self._restarts = None  # made at the first restart
-        prepare = getattr(plan, "prepare_horovod", None)
-        if prepare is not None and horovod_env is not None:
-            prepare(config, horovod_env)
         if "hybrid" in self.modes:
             hybrid = self.configs["hybrid"]
             self.layout = groups_lib.layout_from_config(hybrid, horovod_env.size, horovod_env.local_size)
