@@ -58,6 +58,7 @@ class SwitchingStrategy(HorovodStrategy):
             else:
                 self._groups = start_groups(self.layout)
         super().__init__(config)
+
     @property
     def mode(self) -> str:
         """The mode the run trains in now (changes at each switch)."""
