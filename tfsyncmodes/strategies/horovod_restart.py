@@ -5,7 +5,7 @@ addresses. horovodrun's own store (Horovod 0.28.1) clears a scope only once ever
 finished with it, and clearing one scope forgets the finishes counted for the others, so the
 local and cross scopes can keep the last start's addresses: a rank that starts again reads a
 peer's old port and Gloo aborts the process (``connect [...]: Connection refused``; on the
-emulated cluster bed about one restart in fifteen). So restarts rendezvous at a store of their
+emulated cluster bed two policy runs in about eighteen). So restarts rendezvous at a store of their
 own: Horovod's ``RendezvousHTTPServer``, served by rank 0 on the address its host name has (a
 loopback address when the job runs on one host) and cleared by rank 0 before every restart. The
 ranks learn its address in a broadcast from rank 0, which none gets before the clear, so no rank

@@ -51,7 +51,7 @@ class SwitchingStrategy(HorovodStrategy):
             hybrid = self.configs["hybrid"]
             self.layout = groups_lib.layout_from_config(hybrid, horovod_env.size, horovod_env.local_size)
             horovod_start.gloo_timeouts(config)  # Gloo's timeout first (no elastic switching)
-            if self._restarts_horovod and horovod_env is not None:
+            if self._restarts_horovod:
                 # no process set yet: regroup brings the groups' in at the switch to hybrid
                 self._groups = groups_lib.ActiveGroups(self.layout, horovod_env.rank, None, None)
                 self._sets_added = False
