@@ -36,6 +36,8 @@ def parse(argv):
     parser.add_argument("--commit", type=int, default=10, help="sync: commit every N steps")
     parser.add_argument("--collective_timeout", type=float, default=5,
                         help="sync: --sync_collective_timeout, the seconds a lost rank is waited for")
+    parser.add_argument("--warm", action="store_true",
+                        help="sync, hybrid: the ranks start through python -m tfsyncmodes_warm (warm joins)")
     parser.add_argument("--baseline", action="store_true", help="also undisturbed runs (interval 'none')")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--report_only", default="",
@@ -63,11 +65,14 @@ def one_run(args, mode, interval, repeat):
     result = chaos_driver.run(mode, interval=window, seed=1000 * repeat + int(interval or 0),
                               epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
                               step_ms=args.step_ms, commit=args.commit,
-                              collective_timeout=args.collective_timeout, timeout=args.timeout)
+                              collective_timeout=args.collective_timeout, timeout=args.timeout,
+                              warm=args.warm)
     final = result.get("final")
     row = {k: result.get(k) for k in ("mode", "seed", "status", "promised_steps", "counted", "rolled_back",
                                       "goodput", "pace", "train_seconds", "wall_seconds", "startup_seconds",
                                       "kills", "recoveries", "leftovers")}
+    if args.warm and mode != "async":
+        row["mode"] = f"{mode}, warm joins"
     row.update(interval=interval, repeat=repeat, accuracy=accuracy(final),
                iterations=None if final is None else int(final["iterations"]),
                samples=None if final is None else int(final["samples"]))

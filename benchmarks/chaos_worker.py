@@ -23,6 +23,8 @@ import sys
 import numpy as np
 
 CLASSES, PER_WORKER_BATCH = 10, 16
+# Started warm: a child of tfsyncmodes_warm's server, TensorFlow imported before this line.
+WARM = "tensorflow" in sys.modules and "--serve" in open(f"/proc/{os.getppid()}/cmdline").read().split("\0")
 
 
 def digits():
@@ -57,6 +59,7 @@ def main(argv=None):
     strategy = tfsyncmodes.make_strategy()  # a ps or worker task of async serves here and exits
     elastic = strategy.mode in ("sync", "hybrid")  # elastic horovodrun: every rank logs its steps
     if elastic:
+        print(f"chaos_worker: started, warm: {WARM}", file=sys.stderr, flush=True)
         import horovod.tensorflow as hvd
     x, y, _, _ = digits()
 

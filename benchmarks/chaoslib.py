@@ -64,10 +64,12 @@ def loopback_names(count: int) -> List[str]:
 
 
 def command(mode: str, work: str, epochs: int, steps_per_epoch: int, step_ms: float,
-            kills: int, python: str = sys.executable) -> List[str]:
+            kills: int, python: str = sys.executable, warm: bool = False) -> List[str]:
     """The job's command; `python` is the interpreter of its processes (and of Horovod's
-    launcher: ``localrun.horovodrun``)."""
-    worker = [python, "-m", "benchmarks.chaos_worker", f"--out={work}", f"--epochs={epochs}",
+    launcher: ``localrun.horovodrun``); `warm`: sync's and hybrid's ranks start through
+    ``python -m tfsyncmodes_warm`` (forked from a server that imported TensorFlow once)."""
+    warm_prefix = ["-m", "tfsyncmodes_warm"] if warm and mode != "async" else []
+    worker = [python, *warm_prefix, "-m", "benchmarks.chaos_worker", f"--out={work}", f"--epochs={epochs}",
               f"--steps_per_epoch={steps_per_epoch}", f"--step_ms={step_ms}"]
     if mode == "async":
         return [python, "-m", "tfsyncmodes.launch", "--workers", str(WORKERS), "--ps", "1",

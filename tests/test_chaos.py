@@ -126,18 +126,24 @@ def test_async_loses_a_random_worker_every_7_s_and_the_launcher_restarts_it():
 @pytest.mark.slow
 @pytest.mark.solo  # a 5 s collective timeout decides which rank is lost: alone under pytest-xdist
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["sync", "hybrid"])
-def test_a_rank_lost_every_10_s_is_taken_back_by_the_elastic_job(mode):
+@pytest.mark.parametrize("mode, warm", [("sync", False), ("hybrid", False), ("sync", True)],
+                         ids=["sync", "hybrid", "sync-warm"])
+def test_a_rank_lost_every_10_s_is_taken_back_by_the_elastic_job(mode, warm):
     """Elastic sync or hybrid (``horovodrun --min-np 2 --max-np 4``, a commit every 10 steps (in
     hybrid at the first round boundary after), a 5 s collective timeout, ranks coming back under
     the 120 s join timeout): two losses. A rolled-back step is done again, so the counts are
-    exact, not at least once."""
+    exact, not at least once. Warm (``python -m tfsyncmodes_warm``, a 2 s collective timeout):
+    every rank, the first four and the two that came back, forked from the job's warm server."""
     epochs, steps_per_epoch = 6, 80
     steps = epochs * steps_per_epoch
     result = chaos_driver.run(mode, interval=(8, 12), seed=4, epochs=epochs,
                               steps_per_epoch=steps_per_epoch, step_ms=60, max_kills=2, timeout=260,
-                              python=PYTHON)
+                              python=PYTHON, warm=warm, collective_timeout=2 if warm else 5)
     assert len(result["kills"]) == 2, result["output"][-4000:]
+    starts = re.findall(r"chaos_worker: started, warm: (True|False)", result["output"])
+    if warm:
+        assert starts == ["True"] * 6, result["output"][-4000:]
+        assert "starting without a warm server" not in result["output"]
     # The world changed (a loss and the rank's return can merge into one change when the name is
     # back before the loss is found), and ended with every rank back.
     changes = re.findall(r"tfsyncmodes: world (\d) -> (\d) at epoch \d+ step \d+(.*)", result["output"])

@@ -20,29 +20,25 @@ Keras 3 and tf_keras), interpreter options, or a server not yet listening.
     python warmpython.py DIR [python args...]  # the client: what ``warm-python`` runs
     write_launcher(DIR)                        # writes DIR/warm-python and returns its path
 
-The client imports only the standard library.
+The client imports only the standard library. The fork, the hand-over of the streams, the
+signals and the status are the package's warm joins (``tfsyncmodes_warm``); this adds a server
+per import-time setting started by the tests, and the client's namespaces entered by the child.
 """
 from __future__ import annotations
 
-import array
-import atexit
 import ctypes
 import hashlib
 import json
 import os
-import runpy
-import select
-import signal
 import socket
-import struct
 import sys
-import threading
-import traceback
+
+import tfsyncmodes_warm as warm
 
 # Read while TensorFlow, Keras and Horovod are imported: a server serves one value of each.
-IMPORT_TIME_VARS = ("TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "PYTHONPATH",
-                    "CUDA_VISIBLE_DEVICES", "TF_ENABLE_ONEDNN_OPTS")
+IMPORT_TIME_VARS = warm.IMPORT_TIME_VARS
 NAMESPACES = ("net", "uts", "mnt")
+exit_status = warm.exit_status
 
 
 def import_settings(env) -> list:
@@ -66,39 +62,12 @@ def write_launcher(directory: str) -> str:
     return path
 
 
-def exit_status(program) -> int:
-    """Runs `program` () and returns the status the interpreter would exit with: a SystemExit's
-    code (a message printed to stderr, status 1), or 1 with the traceback printed."""
-    try:
-        program()
-    except SystemExit as exit_:
-        if exit_.code is None or isinstance(exit_.code, int):
-            return exit_.code or 0
-        print(exit_.code, file=sys.stderr)
-        return 1
-    except BaseException:  # what the interpreter does with an exception that escapes
-        traceback.print_exc()
-        return 1
-    return 0
-
-
-# --- the client ---------------------------------------------------------------------------
-
-def _program(args):
-    """``("path", SCRIPT, rest)`` or ``("module", NAME, rest)``, or None for anything else."""
-    if len(args) >= 2 and args[0] == "-m":
-        return "module", args[1], args[2:]
-    if args and not args[0].startswith("-"):
-        return "path", args[0], args[1:]
-    return None
-
-
 def _cold(args):
     os.execv(sys.executable, [sys.executable, *args])
 
 
 def client(directory: str, args) -> None:
-    program = _program(args)
+    program = warm.parse_program(args)
     if program is None:
         _cold(args)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -107,50 +76,8 @@ def client(directory: str, args) -> None:
     except OSError:
         conn.close()
         _cold(args)
-    request = json.dumps({"kind": program[0], "name": program[1], "args": program[2],
-                          "env": dict(os.environ), "cwd": os.getcwd()}).encode()
-    conn.sendmsg([struct.pack("!I", len(request)), request],
-                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
-    reader = conn.makefile("r")
-    line = reader.readline()
-    if not line.strip():  # the server closed before it forked: nothing of the program ran
-        conn.close()
-        _cold(args)
-    child = int(line)
-
-    def forward(signum, _frame):
-        try:
-            os.kill(child, signum)
-        except ProcessLookupError:
-            pass
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
-        signal.signal(signum, forward)
-    line = reader.readline()
-    status = int(line) if line.strip() else 1
-    if status < 0:  # killed by a signal: die of it too, as the program did
-        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # these two have no handler to reset
-            signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
-    os._exit(status)
-
-
-# --- the server ---------------------------------------------------------------------------
-
-def _receive(conn):
-    fds = array.array("i")
-    header, ancillary, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * fds.itemsize))
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-    (size,) = struct.unpack("!I", header)
-    body = b""
-    while len(body) < size:
-        chunk = conn.recv(size - len(body))
-        if not chunk:
-            raise EOFError("client left")
-        body += chunk
-    return json.loads(body), list(fds)
+    warm.hand_over(conn, program)  # returns only if the server closed before it forked
+    _cold(args)
 
 
 def _enter_namespaces(pid: int) -> None:
@@ -168,54 +95,6 @@ def _enter_namespaces(pid: int) -> None:
             os.close(fd)
 
 
-def _watch(conn) -> None:
-    """In the child: the client's end closed means the client is gone; so is the program."""
-    while True:
-        try:
-            if not conn.recv(1):
-                break
-        except InterruptedError:
-            continue
-        except OSError:
-            break
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _become(request, fds, conn, client_pid) -> None:
-    """In the child: never returns."""
-    code = 1
-    try:
-        for fd, target in zip(fds, (0, 1, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)
-        os.setsid()
-        _enter_namespaces(client_pid)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        threading.Thread(target=_watch, args=(conn,), daemon=True).start()
-        name = request["name"]
-        sys.argv = [name, *request["args"]]
-        if request["kind"] == "module":
-            sys.path[0] = os.getcwd()
-            code = exit_status(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True))
-        else:
-            sys.path[0] = os.path.dirname(os.path.realpath(name))
-            code = exit_status(lambda: runpy.run_path(name, run_name="__main__"))
-        threading._shutdown()  # what the interpreter does at its end: join threads, then atexit
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
-
-
 def serve(directory: str) -> None:
     # The third-party imports the programs start with, not the package itself: a program may
     # define its own flags before it imports the package, and the order is the program's.
@@ -231,44 +110,7 @@ def serve(directory: str) -> None:
     listener.bind(path + ".new")
     listener.listen(64)
     os.rename(path + ".new", path)  # listening before its name is there
-    clients = {}
-    while os.getppid() == parent:
-        ready, _, _ = select.select([listener], [], [], 0.05)
-        if ready:
-            conn, _ = listener.accept()
-            try:
-                client_pid = struct.unpack("3i", conn.getsockopt(
-                    socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
-                request, fds = _receive(conn)
-            except (OSError, EOFError, ValueError):
-                conn.close()
-                continue
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                listener.close()
-                for other in clients.values():
-                    other.close()
-                _become(request, fds, conn, client_pid)
-            for fd in fds:
-                os.close(fd)
-            try:
-                conn.sendall(f"{pid}\n".encode())
-            except OSError:
-                pass
-            clients[pid] = conn
-        while clients:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if not pid:
-                break
-            conn = clients.pop(pid, None)
-            if conn is not None:
-                try:
-                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
-                except OSError:
-                    pass
-                conn.close()
+    warm.serve_forks(listener, lambda busy: os.getppid() != parent, enter=_enter_namespaces)
     os.unlink(path)
 
 

@@ -32,6 +32,10 @@ from tfsyncmodes.strategies.step_deadline import StepDeadline
 
 _LOST = ("horovod", "gloo")  # words in the message of a collective that failed with a peer
 DEADLINE_TIMEOUTS = 4  # a step may last this many collective timeouts (StepDeadline)
+# ... and never less than this: after a world change a rank waits in its first rounds for the
+# others' tracing (a hybrid job's exchange is traced at its first round, past the untimed steps);
+# at a 2 s collective timeout, 8 s ended three ranks of a 4-rank hybrid chaos run that way.
+DEADLINE_FLOOR_S = 30.0
 
 
 def optimizer_variables(optimizer) -> list:
@@ -144,7 +148,7 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
                           base_lr=float(np.asarray(rate)), logs=[])
     config = strategy.config
     last = {"groups": ""}
-    deadline = StepDeadline(DEADLINE_TIMEOUTS * config.collective_timeout)
+    deadline = StepDeadline(max(DEADLINE_TIMEOUTS * config.collective_timeout, DEADLINE_FLOOR_S))
 
     def attempt(state):
         size = hvd.size()
