@@ -4,28 +4,22 @@
         python -m tfsyncmodes_warm scripts/train.py --sync_elastic ...
     horovodrun ... python -m tfsyncmodes_warm -m my_package.train ...     # a module
 
-In an elastic job a rank that comes back is a new process, and the whole world waits for it at
-Horovod's rendezvous: Horovod's driver starts it only once every other rank is there, and it
-spends several seconds importing TensorFlow, Keras and Horovod before it gets there. Here the
-first process of a job on a host starts a server that does those imports once; every rank of
-the job on that host, the first ones and every one that comes back, is a child forked from it
-that becomes the program (``python SCRIPT ARGS`` or ``python -m MODULE ARGS``) in the launched
-process's environment, working directory and standard streams. The launched process stays as
-the child's stand-in: it passes signals on, exits with the child's status, and the child dies
-when it does (its connection to the server closes). Only the import is shared; the program runs
-from its first line.
+A rank that comes back in an elastic job is a new process, and the world waits for it at
+Horovod's rendezvous while it imports TensorFlow, Keras and Horovod. Here the first process of
+a job on a host starts a server that imports them once; every rank of the job on that host is a
+child forked from it that runs the program from its first line (``python SCRIPT ARGS`` or
+``python -m MODULE ARGS``) in the launched process's environment, working directory and
+standard streams. The launched process stays as its stand-in: it passes signals on and exits
+with the child's status, and the child dies when it does.
 
-The server belongs to one job, one interpreter and one value of each setting read at import
-(:data:`IMPORT_TIME_VARS`): it is found by a name made of those and of the job's rendezvous
-(``HOROVOD_GLOO_RENDEZVOUS_ADDR``/``PORT``, which ``horovodrun`` gives every rank), in the
-abstract socket namespace (no file). It exits when it has no child and the job's rendezvous
-server no longer answers, or after ``TFSYNC_WARM_IDLE`` seconds (default 60) with no child.
-Outside ``horovodrun`` (no rendezvous), with interpreter options, or when the server cannot
-start, the program runs as ``python`` would run it (one line says why, for the last case).
-
-The client imports the standard library only (the package's ``__init__`` imports TensorFlow, so
-this is a module of its own); the server imports TensorFlow, Keras and Horovod, and initialises
-no device: each child still chooses its own GPU, as a rank started by ``python`` does.
+The server is found by a name made of the job's rendezvous (``HOROVOD_GLOO_RENDEZVOUS_ADDR`` and
+``PORT``), the interpreter and the settings read at import (:data:`IMPORT_TIME_VARS`), in the
+abstract socket namespace (no file). It leaves when it has no child and the job's rendezvous no
+longer answers, or after ``TFSYNC_WARM_IDLE`` seconds (60) with no child. Outside
+``horovodrun``, with interpreter options, or when the server cannot start, the program runs as
+``python`` runs it. The client imports the standard library only (the package's ``__init__``
+imports TensorFlow, hence a module of its own); the server initialises no device, so each child
+still chooses its own GPU.
 """
 from __future__ import annotations
 
