@@ -46,14 +46,19 @@ START_TIMEOUT = 300.0  # seconds a client waits for a new server to accept it
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+def import_settings(env) -> list:
+    """`env`'s import-time settings as the import reads them: TF_USE_LEGACY_KERAS only counts as
+    true, True or 1 (TensorFlow's test), so "0" is Keras 3 as much as unset is."""
+    legacy = env.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
+    return [legacy if name == "TF_USE_LEGACY_KERAS" else env.get(name) for name in IMPORT_TIME_VARS]
+
+
 def server_name(env) -> str | None:
     """The abstract socket name of `env`'s server, or None outside a ``horovodrun`` job."""
     addr, port = env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"), env.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
     if not addr or not port:
         return None
-    legacy = env.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")  # TensorFlow's own test
-    settings = [legacy if name == "TF_USE_LEGACY_KERAS" else env.get(name) for name in IMPORT_TIME_VARS]
-    key = json.dumps([os.getuid(), sys.executable, addr, port, settings])
+    key = json.dumps([os.getuid(), sys.executable, addr, port, import_settings(env)])
     return "\0tfsyncmodes-warm-" + hashlib.sha1(key.encode()).hexdigest()[:20]
 
 

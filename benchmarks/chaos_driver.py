@@ -87,9 +87,8 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
                 localrun.kill_group(job)
                 job.wait()
             ended = time.time()
-            # A process of the run may take a moment to leave after the job (a warm server
-            # notices the job's end within a tenth of a second of it): left behind is still
-            # there after 5 s.
+            # A process of the run may take a moment to leave after the job (a warm server left
+            # about a second after it): left behind is still there after 5 s.
             settle = time.monotonic() + 5
             while chaoslib.left_behind(run_id) and time.monotonic() < settle:
                 time.sleep(0.1)

@@ -38,14 +38,8 @@ import tfsyncmodes_warm as warm
 # Read while TensorFlow, Keras and Horovod are imported: a server serves one value of each.
 IMPORT_TIME_VARS = warm.IMPORT_TIME_VARS
 NAMESPACES = ("net", "uts", "mnt")
+import_settings = warm.import_settings
 exit_status = warm.exit_status
-
-
-def import_settings(env) -> list:
-    """`env`'s import-time settings as the import reads them: TF_USE_LEGACY_KERAS only counts as
-    true, True or 1 (TensorFlow's test), so "0" is Keras 3 as much as unset is."""
-    legacy = env.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
-    return [legacy if name == "TF_USE_LEGACY_KERAS" else env.get(name) for name in IMPORT_TIME_VARS]
 
 
 def socket_path(directory: str, env) -> str:
