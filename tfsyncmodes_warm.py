@@ -46,11 +46,14 @@ START_TIMEOUT = 300.0  # seconds a client waits for a new server to accept it
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+def _legacy_keras(env) -> bool:
+    return env.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
+
+
 def import_settings(env) -> list:
     """`env`'s import-time settings as the import reads them: TF_USE_LEGACY_KERAS only counts as
     true, True or 1 (TensorFlow's test), so "0" is Keras 3 as much as unset is."""
-    legacy = env.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
-    return [legacy if name == "TF_USE_LEGACY_KERAS" else env.get(name) for name in IMPORT_TIME_VARS]
+    return [_legacy_keras(env) if name == "TF_USE_LEGACY_KERAS" else env.get(name) for name in IMPORT_TIME_VARS]
 
 
 def server_name(env) -> str | None:
@@ -99,12 +102,25 @@ def _connect(name: str):
         time.sleep(0.05)
 
 
+def _idle_seconds(env):
+    """``TFSYNC_WARM_IDLE`` (60 when unset) in seconds, None when it is not a number > 0."""
+    try:
+        idle = float(env.get("TFSYNC_WARM_IDLE", "60"))
+    except ValueError:
+        return None
+    return idle if idle > 0 and idle != float("inf") else None
+
+
 def client(args) -> None:
     """Runs ``python ARGS`` as a child of this job's server on this host; never returns."""
     program = parse_program(args)
     if not args:
         print("tfsyncmodes_warm: no program given; fix: python -m tfsyncmodes_warm SCRIPT [ARGS] "
               "or python -m tfsyncmodes_warm -m MODULE [ARGS]", file=sys.stderr)
+        sys.exit(2)
+    if _idle_seconds(os.environ) is None:
+        print(f"tfsyncmodes_warm: TFSYNC_WARM_IDLE={os.environ['TFSYNC_WARM_IDLE']!r} is not a number of "
+              "seconds; fix: a number > 0, e.g. TFSYNC_WARM_IDLE=60", file=sys.stderr)
         sys.exit(2)
     name = server_name(os.environ)
     if program is None or name is None:
@@ -299,7 +315,7 @@ def serve() -> None:
     # The imports programs start with, not this package: a program may define its own flags
     # before it imports tfsyncmodes, and the order is the program's.
     import tensorflow  # noqa: F401
-    if os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1"):
+    if _legacy_keras(os.environ):
         import tf_keras  # noqa: F401
     else:
         import keras  # noqa: F401
@@ -308,7 +324,7 @@ def serve() -> None:
     except ImportError:
         pass
     rendezvous = (os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]))
-    idle = float(os.environ.get("TFSYNC_WARM_IDLE", "60"))
+    idle = _idle_seconds(os.environ)
     clock = {"child": time.monotonic(), "checked": 0.0}
 
     def stop(busy: bool) -> bool:

@@ -83,3 +83,12 @@ def test_the_client_imports_no_tensorflow():
                              "if m.split('.')[0] in ('tensorflow', 'keras', 'horovod', 'tfsyncmodes')))"],
                             capture_output=True, text=True, timeout=60, env=clean_env(), cwd=REPO)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "0", "nan"])
+def test_a_bad_idle_time_is_one_line_and_status_2(value):
+    result = subprocess.run([COLD_PYTHON, "-m", "tfsyncmodes_warm", PROBE], capture_output=True, text=True,
+                            timeout=60, env=clean_env(TFSYNC_WARM_IDLE=value), cwd=REPO)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (f"tfsyncmodes_warm: TFSYNC_WARM_IDLE={value!r} is not a number of seconds; "
+                             "fix: a number > 0, e.g. TFSYNC_WARM_IDLE=60\n")
