@@ -10,7 +10,8 @@ a job on a host starts a server that imports them once; every rank of the job on
 child forked from it that runs the program from its first line (``python SCRIPT ARGS`` or
 ``python -m MODULE ARGS``) in the launched process's environment, working directory and
 standard streams. The launched process stays as its stand-in: it passes signals on and exits
-with the child's status, and the child dies when it does.
+with the child's status, and the child dies when it does. In the child, ``sys.orig_argv`` is
+the command that runs the program again through this module.
 
 The server is found by a name made of the job's rendezvous (``HOROVOD_GLOO_RENDEZVOUS_ADDR`` and
 ``PORT``), the interpreter and the settings read at import (:data:`IMPORT_TIME_VARS`), in the
@@ -232,6 +233,9 @@ def become(request, fds, conn, enter=None) -> None:
         threading.Thread(target=_watch, args=(conn,), daemon=True).start()
         name = request["name"]
         sys.argv = [name, *request["args"]]
+        # The command that runs the program again warm (what a rank's step deadline re-runs).
+        sys.orig_argv = [sys.executable, "-m", "tfsyncmodes_warm",
+                         *(["-m"] if request["kind"] == "module" else []), name, *request["args"]]
         if request["kind"] == "module":
             sys.path[0] = os.getcwd()
             code = exit_status(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True))

@@ -116,6 +116,27 @@ def test_elastic_hybrid_regroups_when_a_rank_is_lost(tmp_path):
         assert float(rank["learning_rate"]) == pytest.approx(LEARNING_RATE * 2 / 3, rel=1e-6)
 
 
+@pytest.mark.timeout(400)
+def test_a_rank_whose_step_never_ends_starts_again_at_its_deadline_and_rejoins(tmp_path):
+    """Horovod can leave a rank's collective pending for ever when a peer is lost (its enqueue
+    checks for shutdown before it queues, and the shutdown empties the queue in between): the
+    hybrid job of CI's one hang. Here rank 1 never finishes step COMMIT + 1 of epoch 1 while
+    the last rank is lost before the step after: at its step deadline (30 s) rank 1 starts
+    again in place, in the world of 2 the driver makes, and receives the commit. When it left
+    instead, the job hung: with one rank left and --min-np 2, the driver started no process."""
+    script, _ = discovery(tmp_path, NAMES)
+    ranks, output, seconds = elastic_job(tmp_path, script, 3, timeout=300, ELASTIC_KILL=f"3:1:{COMMIT + 2}",
+                                         ELASTIC_HANG=f"3:1:{COMMIT + 1}:1", TFSYNC_MODE="hybrid",
+                                         TFSYNC_PERIOD=COMMIT)
+    print(f"elastic job with a hung rank: {seconds:.1f} s")
+    assert "rank 1 hangs in epoch 1 step 5" in output
+    assert "a train step has waited over 30 s (a peer lost in a collective that never ends); this rank starts again" \
+        in output, output[-4000:]
+    assert f"tfsyncmodes: world 3 -> 2 at epoch 1 step {COMMIT} groups [[0],[1]]" in output, output[-4000:]
+    history = check_one_model_all_steps(ranks, 2)
+    assert history["world_size"] == [3.0, 2.0, 2.0, 2.0]
+
+
 @pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
 def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path, legacy):
     """The rank is added after step 9 of epoch 1, when the next commit (every 4 steps) would be

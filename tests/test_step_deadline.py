@@ -1,7 +1,8 @@
 """tfsyncmodes.strategies.step_deadline: an elastic rank whose train step outlives the deadline
-leaves the job (one line, status 1); the first steps of a fit (tracing) and steps within the
-deadline do not. The step waits in TensorFlow's runtime (a tf.data sleep inside the step), as a
-collective that never ends does."""
+starts again in place (one line, the same command in the same process), and after its last
+restart leaves the job (one line, status 1); the first steps of a fit (tracing) and steps within
+the deadline do not. The step waits in TensorFlow's runtime (a tf.data sleep inside the step),
+as a collective that never ends does."""
 import subprocess
 import time
 
@@ -17,7 +18,12 @@ from tensorflow.python.data.experimental.ops import testing
 from tfsyncmodes.keras.compat import keras
 from tfsyncmodes.strategies.step_deadline import StepDeadline
 
-waits = [float(w) for w in sys.argv[1].split(",")]  # seconds the step i waits, in the step
+import os
+run = int(os.environ.get("TFSYNC_STEP_DEADLINE_RESTARTS", "0"))
+print(f"run {run} in process {os.getpid()}", flush=True)
+# Seconds the step i waits, in the step: one list per run, ";" between runs (the last list again).
+runs = sys.argv[1].split(";")
+waits = [float(w) for w in runs[min(run, len(runs) - 1)].split(",")]
 data = tf.data.Dataset.from_tensor_slices((np.ones((len(waits), 2), np.float32), np.ones((len(waits), 1), np.float32)))
 data = data.batch(1)
 sleeps = tf.data.Dataset.from_tensor_slices(tf.constant([int(w * 1e6) for w in waits], tf.int64)).flat_map(
@@ -32,21 +38,41 @@ print("fit ended", flush=True)
 """
 
 
-def run(waits, seconds, timeout=120):
+def run(waits, seconds, timeout=120, **env):
+    """`waits`: one list of per-step waits, or a list of them (one per run of the program)."""
+    runs = waits if isinstance(waits[0], list) else [waits]
     started = time.monotonic()
-    result = subprocess.run([PYTHON, "-c", PROGRAM, ",".join(map(str, waits)), str(seconds)], capture_output=True,
-                            text=True, timeout=timeout, env=clean_env(), cwd=REPO)
+    result = subprocess.run([PYTHON, "-c", PROGRAM, ";".join(",".join(map(str, w)) for w in runs), str(seconds)],
+                            capture_output=True, text=True, timeout=timeout, env=clean_env(**env), cwd=REPO)
     return result, time.monotonic() - started
 
 
-def test_a_step_over_the_deadline_ends_the_rank_with_one_line_and_status_1():
-    result, took = run([0, 0, 0, 0, 60, 0], 2)  # the fifth step waits 60 s
+def deadline_lines(result):
+    return [line for line in result.stderr.splitlines() if "tfsyncmodes: elastic:" in line]
+
+
+def test_a_step_over_the_deadline_starts_the_rank_again_in_its_own_process():
+    # The first run's fifth step waits 60 s; the second run's steps do not wait.
+    result, took = run([[0, 0, 0, 0, 60, 0], [0, 0, 0]], 2)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert deadline_lines(result) == [
+        "tfsyncmodes: elastic: a train step has waited over 2 s (a peer lost in a collective that never "
+        "ends); this rank starts again and rejoins (restart 1 of 3)"], result.stderr[-2000:]
+    starts = [line.split() for line in result.stdout.splitlines() if line.startswith("run ")]
+    assert [words[1] for words in starts] == ["0", "1"], result.stdout
+    assert starts[0][-1] == starts[1][-1], starts  # the same process: its launcher sees no exit
+    assert result.stdout.count("fit ended") == 1
+    assert took < 50, took  # restarted at the deadline, not after the step's 60 s
+
+
+def test_after_its_last_restart_a_rank_over_the_deadline_leaves_with_one_line_and_status_1():
+    result, took = run([0, 0, 0, 0, 60, 0], 2, TFSYNC_STEP_DEADLINE_RESTARTS=3)  # 3 restarts done
     assert result.returncode == 1, result.stderr[-2000:]
     assert "fit ended" not in result.stdout
-    lines = [l for l in result.stderr.splitlines() if "tfsyncmodes: elastic:" in l]
-    assert lines == ["tfsyncmodes: elastic: a train step has waited over 2 s (a peer lost in a collective that "
-                     "never ends); this rank leaves the job and the others go on without it"], result.stderr[-2000:]
-    assert took < 50, took  # ended at the deadline, not after the step's 60 s
+    assert deadline_lines(result) == [
+        "tfsyncmodes: elastic: a train step has waited over 2 s (a peer lost in a collective that never "
+        "ends); this rank leaves the job and the others go on without it"], result.stderr[-2000:]
+    assert took < 50, took
 
 
 @pytest.mark.parametrize("waits", [[4, 4, 0, 0, 0], [0, 0, 1, 1, 1]], ids=["tracing-steps", "within"])
@@ -85,8 +111,9 @@ print("waited", flush=True)
 
 @pytest.mark.parametrize("call_idle", [True, False], ids=["idle", "not-idle"])
 def test_a_fit_ended_by_an_exception_is_no_step_once_idle_is_called(call_idle):
+    # Restarts used up: a deadline that fires ends the rank at once.
     result = subprocess.run([PYTHON, "-c", IDLE, "idle" if call_idle else "no"], capture_output=True, text=True,
-                            timeout=120, env=clean_env(), cwd=REPO)
+                            timeout=120, env=clean_env(TFSYNC_STEP_DEADLINE_RESTARTS=3), cwd=REPO)
     if call_idle:
         assert result.returncode == 0 and "waited" in result.stdout, result.stderr[-2000:]
     else:  # what the elastic loop's idle() is there for: the deadline would end a rank that waits

@@ -4,7 +4,9 @@ a softmax regression on fixed synthetic data through ``strategy.fit``.
 Environment: ELASTIC_OUT (a directory: each rank still there at the end writes
 ``rank<R>.npz`` with its weights, its optimizer's step count and the History), ELASTIC_KILL
 ``SIZE:EPOCH:STEP`` (the last rank of a world of SIZE exits at once before that step; the time
-of the exit and of the first step finished in the new world are printed),
+of the exit and of the first step finished in the new world are printed), ELASTIC_HANG
+``SIZE:EPOCH:STEP:RANK`` (that rank of a world of SIZE never finishes that step: its batch end
+sleeps, as a step whose collective Horovod leaves pending when a peer is lost),
 ELASTIC_ADD ``EPOCH:STEP:FILE:LINE`` (rank 0 appends LINE to the discovery script's FILE after
 that step of that epoch, then waits ADD_WAIT s so that Horovod's driver has seen it before the
 next step), ELASTIC_JOIN_DELAY ``RANK:SECONDS`` (a process started as that rank or a higher one,
@@ -69,6 +71,12 @@ def main():
                     os._exit(1)
 
         def on_train_batch_end(self, batch, logs=None):
+            hang = os.environ.get("ELASTIC_HANG")
+            if hang:
+                size, epoch, step, rank = map(int, hang.split(":"))
+                if (hvd.size(), hvd.rank(), self.epoch, batch) == (size, rank, epoch, step):
+                    print(f"rank {rank} hangs in epoch {epoch} step {step}", flush=True)
+                    time.sleep(3600)
             add = os.environ.get("ELASTIC_ADD")
             if add and hvd.rank() == 0 and hvd.size() == 2:
                 epoch, step, path, line = add.split(":", 3)

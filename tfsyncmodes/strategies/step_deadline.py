@@ -1,14 +1,24 @@
-"""A deadline for each train step of an elastic rank: a rank whose step outlives it leaves the job.
+"""A deadline for each train step of an elastic rank: a rank whose step outlives it starts again.
 
-In an elastic hybrid job a lost peer can leave a rank's step waiting for ever: Horovod's
-background loop ends at the collective timeout ("Timed out waiting ... for send operation"), yet
-the step's pending collective never fails, so the rank never reaches the rendezvous where the
-others wait (seen in about one chaos run in four: the survivors at ``hvd.init``, one rank in its
-train function for minutes; where in Horovod the collective is left pending is not known).
-As PyTorch's NCCL watchdog does with a collective that hangs,
-:class:`StepDeadline` then ends the process: one line on stderr and exit status 1, which
-Horovod's elastic driver counts as a lost rank; the others re-form the world without it, and
-the discovery script brings its host back as for any other loss.
+A lost peer can leave a rank's step waiting for ever. Horovod 0.28.1 checks for its shutdown
+before it queues a collective and queues it after; a background loop that ends on the lost
+peer in between empties the queue first, and the collective stays there, never done and never
+failed (``EnqueueTensorAllreduce``), so the rank never reaches the rendezvous where the others
+wait (seen in about one chaos run in four and once in CI: the survivors at ``hvd.init``, one rank
+in its train function for minutes).
+
+:class:`StepDeadline` then starts the rank again in place, as torchrun restarts a worker: one
+line on stderr, and the process replaces itself with a new run of the same command (``exec``,
+same pid, same streams). Horovod's driver sees no exit. Before the exec the rank asks the
+driver for its place in the next world, as Horovod's own reset does (``GET
+/rank_and_size/HOST:LOCAL_RANK`` at the rendezvous; this completes the driver's count of the old
+world, and the answer comes when the new world is made), and hands it to the new run in
+``HOROVOD_RANK``, ``HOROVOD_SIZE`` and the rest, where a new process's ``hvd.init`` reads it;
+the new run then receives the last commit from rank 0 as a joining rank does. Ending the rank instead (status 1) would have the driver blacklist its
+host, and where the survivors are then fewer than ``--min-np`` the job hung: the driver waits
+for the host's cooldown, then counts it as still running and starts no process on it.
+After :data:`MAX_RESTARTS` restarts of one rank (counted in ``TFSYNC_STEP_DEADLINE_RESTARTS``,
+which the new run inherits) the rank ends with status 1 as before.
 
 A step is timed from ``on_train_batch_begin`` to the end of the callbacks after it (put this
 callback last: a commit's collectives are in the step's time). The first steps of each ``fit``
@@ -18,22 +28,46 @@ TensorFlow's runtime without the GIL, so the thread runs.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
-from typing import Optional
+import urllib.request
+from typing import Dict, Optional
 
 from tfsyncmodes.keras.compat import keras
 
 UNTIMED_STEPS = 2  # the first steps of a fit trace the train function
 POLL_S = 0.5
+MAX_RESTARTS = 3
+RESTARTS_ENV = "TFSYNC_STEP_DEADLINE_RESTARTS"
+PLACE_VARS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+              "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+PLACE_TIMEOUT_S = 600.0  # Horovod's elastic timeout: the driver answers once the new world is made
+
+
+def next_place(environ=os.environ) -> Optional[Dict[str, str]]:
+    """In an elastic Horovod job: this rank's place in the next world, as ``HOROVOD_*`` values,
+    from the driver's rendezvous ({} outside elastic Horovod; None: the driver dropped this
+    host's slot from the job)."""
+    addr, port = environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"), environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if environ.get("HOROVOD_ELASTIC") != "1" or not addr or not port:
+        return {}
+    key = f"{environ.get('HOROVOD_HOSTNAME', 'localhost')}:{environ.get('HOROVOD_LOCAL_RANK', '0')}"
+    with urllib.request.urlopen(f"http://{addr}:{port}/rank_and_size/{key}", timeout=PLACE_TIMEOUT_S) as reply:
+        values = reply.read().decode("ascii").strip().split(",")
+    if int(values[0]) < 0:
+        return None
+    return dict(zip(PLACE_VARS, values))
 
 
 class StepDeadline(keras.callbacks.Callback):
-    """Ends this process (status 1, one line) when one train step lasts over `seconds`."""
+    """Starts this process again in place (one line) when one train step lasts over `seconds`;
+    `restart=False`, or after :data:`MAX_RESTARTS`: ends it with status 1 instead."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, restart: bool = True):
         super().__init__()
         self.seconds = float(seconds)
+        self.restart = restart
         self._started: Optional[float] = None
         self._steps = 0
         self._thread: Optional[threading.Thread] = None
@@ -65,7 +99,31 @@ class StepDeadline(keras.callbacks.Callback):
             time.sleep(POLL_S)
             started = self._started
             if started is not None and time.monotonic() - started > self.seconds:
-                os.write(2, (f"tfsyncmodes: elastic: a train step has waited over {self.seconds:g} s "
-                             "(a peer lost in a collective that never ends); this rank leaves the job "
-                             "and the others go on without it\n").encode())  # unbuffered
+                self._expire()
+
+    def _expire(self) -> None:
+        done = int(os.environ.get(RESTARTS_ENV, "0") or 0)
+        again = self.restart and done < MAX_RESTARTS
+        what = (f"this rank starts again and rejoins (restart {done + 1} of {MAX_RESTARTS})" if again
+                else "this rank leaves the job and the others go on without it")
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os.write(2, (f"tfsyncmodes: elastic: a train step has waited over {self.seconds:g} s "
+                     f"(a peer lost in a collective that never ends); {what}\n").encode())  # unbuffered
+        if again:
+            try:
+                place = next_place()
+            except (OSError, ValueError) as error:
+                os.write(2, f"tfsyncmodes: elastic: no place in the next world ({error}); this rank leaves\n".encode())
                 os._exit(1)
+            if place is None:
+                os.write(2, b"tfsyncmodes: elastic: Horovod's driver took this rank out of the job\n")
+                os._exit(1)
+            os.environ.update(place)
+            os.environ[RESTARTS_ENV] = str(done + 1)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the old run's sockets and files
+            os.execv(sys.executable, sys.orig_argv)
+        os._exit(1)
