@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import PYTHON, REPO, clean_env
 
 PROGRAM = r"""
+import os
 import sys
 import numpy as np
 import tensorflow as tf
@@ -18,7 +19,6 @@ from tensorflow.python.data.experimental.ops import testing
 from tfsyncmodes.keras.compat import keras
 from tfsyncmodes.strategies.step_deadline import StepDeadline
 
-import os
 run = int(os.environ.get("TFSYNC_STEP_DEADLINE_RESTARTS", "0"))
 print(f"run {run} in process {os.getpid()}", flush=True)
 # Seconds the step i waits, in the step: one list per run, ";" between runs (the last list again).

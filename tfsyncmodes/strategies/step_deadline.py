@@ -14,9 +14,10 @@ driver for its place in the next world, as Horovod's own reset does (``GET
 /rank_and_size/HOST:LOCAL_RANK`` at the rendezvous; this completes the driver's count of the old
 world, and the answer comes when the new world is made), and hands it to the new run in
 ``HOROVOD_RANK``, ``HOROVOD_SIZE`` and the rest, where a new process's ``hvd.init`` reads it;
-the new run then receives the last commit from rank 0 as a joining rank does. Ending the rank instead (status 1) would have the driver blacklist its
-host, and where the survivors are then fewer than ``--min-np`` the job hung: the driver waits
-for the host's cooldown, then counts it as still running and starts no process on it.
+the new run then receives the last commit from rank 0 as a joining rank does. Ending the rank
+instead (status 1) has the driver blacklist its host, and where the survivors are then fewer
+than ``--min-np`` the job hung: the driver waited for the host's cooldown, then counted it as
+still running and started no process on it.
 After :data:`MAX_RESTARTS` restarts of one rank (counted in ``TFSYNC_STEP_DEADLINE_RESTARTS``,
 which the new run inherits) the rank ends with status 1 as before.
 
@@ -62,12 +63,11 @@ def next_place(environ=os.environ) -> Optional[Dict[str, str]]:
 
 class StepDeadline(keras.callbacks.Callback):
     """Starts this process again in place (one line) when one train step lasts over `seconds`;
-    `restart=False`, or after :data:`MAX_RESTARTS`: ends it with status 1 instead."""
+    after :data:`MAX_RESTARTS`, ends it with status 1 instead."""
 
-    def __init__(self, seconds: float, restart: bool = True):
+    def __init__(self, seconds: float):
         super().__init__()
         self.seconds = float(seconds)
-        self.restart = restart
         self._started: Optional[float] = None
         self._steps = 0
         self._thread: Optional[threading.Thread] = None
@@ -103,7 +103,7 @@ class StepDeadline(keras.callbacks.Callback):
 
     def _expire(self) -> None:
         done = int(os.environ.get(RESTARTS_ENV, "0") or 0)
-        again = self.restart and done < MAX_RESTARTS
+        again = done < MAX_RESTARTS
         what = (f"this rank starts again and rejoins (restart {done + 1} of {MAX_RESTARTS})" if again
                 else "this rank leaves the job and the others go on without it")
         for stream in (sys.stdout, sys.stderr):
