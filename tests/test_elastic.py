@@ -207,3 +207,70 @@ def test_a_collective_failed_with_a_peer_in_the_state_sync_is_a_lost_rank_to_hor
     with pytest.raises(tf.errors.InvalidArgumentError):
         with lost_peers_as_internal_errors():
             raise tf.errors.InvalidArgumentError(None, None, "shapes differ")
+
+
+RESUME_PROGRAM = r"""
+import json
+import sys
+import numpy as np
+import tensorflow as tf
+from tfsyncmodes.keras.compat import keras
+import horovod.tensorflow as hvd
+from tfsyncmodes.strategies.elastic import ElasticCommit, EndPartEpoch
+
+hvd.init()  # one process: the commit callback logs the world's size
+
+
+class State:  # the fields of the elastic state the commit callback reads and writes
+    epoch, batch, logs = 1, 6, []
+    def commit(self):
+        commits.append((self.epoch, self.batch))
+
+class StopAt(keras.callbacks.Callback):  # a user's callback that stops the training at an epoch's end
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.stop_training = self.model.stop_training or epoch == int(sys.argv[1])
+
+commits, epochs_seen, fits = [], [], []
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(64, 3)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+initial = [np.asarray(w).tolist() for w in model.layers[0].get_weights()]
+model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4).repeat(), epochs=4, initial_epoch=1,
+          steps_per_epoch=10, verbose=0,
+          callbacks=[EndPartEpoch(6, 10), StopAt(),
+                     keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: epochs_seen.append(e)),
+                     ElasticCommit(State(), "epoch", 6, 10, part_epoch=lambda s, d: fits.append((s, d)))])
+print(json.dumps({"iterations": int(np.asarray(model.optimizer.iterations)), "commits": commits,
+                  "epochs": epochs_seen, "part_epoch": fits, "initial": initial, "kernel": np.asarray(model.layers[0].kernel).tolist(),
+                  "bias": np.asarray(model.layers[0].bias).tolist()}))
+"""
+
+
+@pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
+def test_a_part_done_epoch_and_the_epochs_after_it_run_in_one_fit(legacy):
+    """A world resumed at step 6 of epoch 1 (of 10 steps) finishes that epoch after its 4 steps
+    left and runs epochs 2 and 3 in the same fit (a second fit costs a start and, in hybrid, a
+    drain of the exchange): 24 steps, a commit at each epoch's end, the mode told the steps done,
+    and the weights of 24 steps of plain SGD (NumPy). A user's callback that stops the training at
+    the part-done epoch's end still stops it."""
+    def run(stop_at):
+        result = subprocess.run([PYTHON, "-c", RESUME_PROGRAM, str(stop_at)], capture_output=True, text=True,
+                                timeout=120, env=clean_env(TF_USE_LEGACY_KERAS=legacy), cwd=REPO)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    out = run(stop_at=-1)
+    assert out["iterations"] == 24 and out["epochs"] == [1, 2, 3]
+    assert out["commits"] == [[2, 0], [3, 0], [4, 0]] and out["part_epoch"] == [[10, 6]]
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 3)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
+    w, b = (np.asarray(v, np.float64) for v in out["initial"])
+    for step in range(24):  # batches of 4 in order, the data repeated
+        xb, yb = x[4 * (step % 16):4 * (step % 16) + 4], y[4 * (step % 16):4 * (step % 16) + 4]
+        error = xb @ w + b - yb
+        w, b = w - 0.1 * 2 * xb.T @ error / len(xb), b - 0.1 * 2 * error.mean(axis=0)
+    np.testing.assert_allclose(out["kernel"], w, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["bias"], b, rtol=1e-4, atol=1e-5)
+    stopped = run(stop_at=1)
+    assert stopped["iterations"] == 4 and stopped["epochs"] == [1] and stopped["commits"] == [[2, 0]]

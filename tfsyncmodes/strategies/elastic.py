@@ -14,8 +14,9 @@ learning rate follows ``elastic_lr``. Each change is one line on rank 0,
 
 What a mode adds goes through the strategy's hooks: ``elastic_restart`` (Horovod started again
 after a reset; hybrid makes its groups again, and the line names them), ``elastic_commit_point``
-(whether a commit may land after this step; hybrid: a round boundary) and ``elastic_resized``
-(on every rank once a new world holds rank 0's state; hybrid: the exchange starts clean), see
+(whether a commit may land after this step; hybrid: a round boundary), ``elastic_resized``
+(on every rank once a new world holds rank 0's state; hybrid: the exchange starts clean) and
+``elastic_part_epoch`` (a part-done epoch begins; hybrid: its policies hear the steps done), see
 :mod:`tfsyncmodes.strategies.elastic_hybrid`.
 """
 from __future__ import annotations
@@ -95,6 +96,27 @@ def elastic_state(model, **values):
     return _State()
 
 
+class EndPartEpoch(keras.callbacks.Callback):
+    """Ends a part-done first epoch (resumed at step `first` of `steps`) after its remaining
+    steps, so that one ``fit`` runs it and the epochs after it: a second ``fit`` would cost each
+    rank a new fit's start and, in hybrid, the drain of the exchange that ends a fit. Keras ends
+    an epoch early on ``stop_training``; this callback clears it again at that epoch's end. It
+    goes first in the list, so that a later callback may still stop the training there."""
+
+    def __init__(self, first: int, steps: int):
+        super().__init__()
+        self.first, self.steps, self._stopped = first, steps, False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.first and self.first + batch + 1 >= self.steps:
+            self.model.stop_training = self._stopped = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.first = 0
+        if self._stopped:  # the part-done epoch ended; training goes on
+            self.model.stop_training = self._stopped = False
+
+
 class ElasticCommit(keras.callbacks.Callback):
     """Counts the steps of an attempt, commits the state at epoch ends (and every `every`
     steps), adds ``world_size`` to the epoch logs and keeps the committed epoch logs. A commit
@@ -104,10 +126,15 @@ class ElasticCommit(keras.callbacks.Callback):
     A world change noticed there would resume at step `steps` of an epoch with no step left,
     and Keras 3 reads ``steps_per_epoch=0`` as "until the data end" (they repeat: a hang)."""
 
-    def __init__(self, state, every, first_step: int, steps: int, commit_point=lambda: True):
+    def __init__(self, state, every, first_step: int, steps: int, commit_point=lambda: True,
+                 part_epoch=lambda steps, done: None):
         super().__init__()
         self.state, self.every, self.first_step, self.steps = state, every, first_step, steps
-        self.commit_point, self.due = commit_point, False
+        self.commit_point, self.part_epoch, self.due = commit_point, part_epoch, False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.first_step:  # after the other callbacks' epoch begin: the mode hears the steps done
+            self.part_epoch(self.steps, self.first_step)
 
     def _commit(self):
         if self.commit_point():
@@ -164,17 +191,19 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
             state.save()
         if config.elastic_lr == "scale":
             model.optimizer.learning_rate.assign(state.base_lr * size / state.start_size)
-        while state.epoch < epochs:
-            first = state.batch
-            commit = ElasticCommit(state, config.elastic_commit, first, steps_per_epoch,
-                                   lambda: strategy.elastic_commit_point(model))
-            # A part-done epoch is finished on its own, then the others run in one fit.
-            last_epoch = state.epoch + 1 if first else epochs
-            dataset = strategy.distribute_datasets_from_function(dataset_fn)
-            last["history"] = model.fit(
-                dataset, epochs=last_epoch, initial_epoch=state.epoch,
-                steps_per_epoch=steps_per_epoch - first, shuffle=False, verbose=verbose,
-                callbacks=strategy.with_required_callbacks(callbacks) + [commit, deadline])
+        if state.epoch >= epochs:
+            return last.get("history")
+        first = state.batch
+        commit = ElasticCommit(state, config.elastic_commit, first, steps_per_epoch,
+                               lambda: strategy.elastic_commit_point(model),
+                               lambda steps, done: strategy.elastic_part_epoch(model, steps, done))
+        # One fit: a part-done first epoch ends after its remaining steps (EndPartEpoch).
+        dataset = strategy.distribute_datasets_from_function(dataset_fn)
+        last["history"] = model.fit(
+            dataset, epochs=epochs, initial_epoch=state.epoch, steps_per_epoch=steps_per_epoch,
+            shuffle=False, verbose=verbose,
+            callbacks=[EndPartEpoch(first, steps_per_epoch)] + strategy.with_required_callbacks(callbacks)
+            + [commit, deadline])
         return last.get("history")
 
     def guarded(state):

@@ -63,3 +63,12 @@ def start_clean(model) -> None:
     """The exchange's state set to zero on every rank but the traffic counters (module doc)."""
     for core in _cores(model):
         core.start_clean(KEPT_STATE)
+
+
+def begin_part_epoch(model, steps: int, done: int) -> None:
+    """A resumed epoch begins at step `done` of `steps`: the cross-group policies plan the steps
+    left (speed-proportional steps count them), as after a switch into hybrid mid-epoch."""
+    exchange = getattr(getattr(model, "optimizer", None), "exchange", None)
+    for policy in [] if exchange is None else exchange.find(CrossGroupPolicy):
+        if policy.active:
+            policy.begin_epoch(steps, done=done)

@@ -122,6 +122,10 @@ class HorovodStrategy(ModeStrategy):
         """On every rank once the state of a new world is in place (nothing in sync)."""
         del model
 
+    def elastic_part_epoch(self, model, steps: int, done: int) -> None:
+        """A resumed epoch of `steps` steps begins, `done` of them run before (nothing in sync)."""
+        del model, steps, done
+
     def _correctness_callbacks(self) -> List:
         # Traffic first, so that MetricAverage and History see it.
         traffic = [WireTrafficLogger()] if self._counts_traffic() else []

@@ -77,6 +77,9 @@ class HybridStrategy(HorovodStrategy):
     def elastic_resized(self, model) -> None:
         elastic_hybrid.start_clean(model)
 
+    def elastic_part_epoch(self, model, steps: int, done: int) -> None:
+        elastic_hybrid.begin_part_epoch(model, steps, done)
+
     def _correctness_callbacks(self) -> List:
         return super()._correctness_callbacks() + [DrainExchange()]  # drain at the end
 
