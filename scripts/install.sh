@@ -11,14 +11,20 @@
 #
 # Horovod 0.28.1 ships only as an sdist. Against TF 2.21 its XLA op file does not compile,
 # so the build drops horovod/tensorflow/xla_mpi_ops.cc from TF_SOURCES (XLA is off on the
-# Horovod path anyway) and builds with Gloo, without MPI. The wheel is cached under
-# ${TFSYNC_CACHE:-~/.cache/tfsyncmodes} and reused by later installs on the same machine.
+# Horovod path anyway) and builds with Gloo, without MPI. It also applies
+# scripts/horovod-0.28.1.patch: a collective queued after Horovod's background loop has shut
+# down (a lost peer) was never run nor failed, so its step never ended; the patched queue refuses
+# it with Horovod's shut-down error, which an elastic job answers with a rollback. The wheel is
+# cached under ${TFSYNC_CACHE:-~/.cache/tfsyncmodes}, per TensorFlow version and patch, and
+# reused by later installs on the same machine.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${TFSYNC_VENV:-$repo/.venv}
 cache=${TFSYNC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tfsyncmodes}
 horovod_version=0.28.1
+horovod_patch=$repo/scripts/horovod-$horovod_version.patch
+horovod_patch_name=tensor-queue-finalized  # what the patched horovod/__init__.py lists
 python=${PYTHON:-python3}
 flavour=${TFSYNC_TENSORFLOW:-cpu}
 
@@ -41,7 +47,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.tfsyncmodes-install"
 topk_src="$repo/tfsyncmodes/exchange/native/topk_ops.cc"
 topk_lib="$repo/tfsyncmodes/exchange/native/_topk_ops.so"
-inputs=$( (cat "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$topk_src"; echo "$flavour") | sha256sum | cut -d' ' -f1)
+inputs=$( (cat "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$horovod_patch" "$topk_src"; echo "$flavour") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && [ -f "$topk_lib" ] \
     && "$venv/bin/python" -c 'import horovod.tensorflow, tfsyncmodes' >/dev/null 2>&1; then
   say "already installed in ${venv#$repo/} (delete $stamp to force a reinstall)"
@@ -55,11 +61,12 @@ say "installing tfsyncmodes with $tf_distribution, the examples' and the tests' 
 "${pip[@]}" install --no-deps "tf-keras==2.21.*" || die "pip could not install tf-keras"
 
 horovod_ok() {
-  "$venv/bin/python" - "$horovod_version" <<'PY' >/dev/null 2>&1
+  "$venv/bin/python" - "$horovod_version" "$horovod_patch_name" <<'PY' >/dev/null 2>&1
 import sys
 import horovod
 import horovod.tensorflow as hvd
 assert horovod.__version__ == sys.argv[1]
+assert sys.argv[2] in getattr(horovod, "tfsyncmodes_patches", ())
 assert hvd.gloo_built()
 PY
 }
@@ -79,6 +86,7 @@ build_horovod_wheel() {
   local cmakelists="$src/horovod/tensorflow/CMakeLists.txt"
   grep -q 'xla_mpi_ops.cc' "$cmakelists" || die "unexpected Horovod sdist: no xla_mpi_ops.cc in $cmakelists"
   sed -i '/TF_SOURCES.*xla_mpi_ops\.cc/d' "$cmakelists"
+  git -C "$src" apply "$horovod_patch" || die "could not apply $horovod_patch to the Horovod sdist"
   mkdir -p "$cache"
   if ! env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo "${gpu_env[@]}" \
@@ -97,8 +105,8 @@ else
   tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")')
   tf_version=$("$venv/bin/python" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' \
     "$tf_distribution" 2>/dev/null || echo unknown)
-  # The wheel is only valid for the TensorFlow build it was compiled against.
-  cache="$cache/tf-$tf_version"
+  # The wheel is only valid for the TensorFlow build it was compiled against, and its patch.
+  cache="$cache/tf-$tf_version-patch-$(sha256sum "$horovod_patch" | cut -c1-12)"
   if [ "$flavour" = gpu ]; then cache="$cache-gpu"; fi
   wheel=$(ls "$cache"/horovod-"$horovod_version"-"$tag"-*.whl 2>/dev/null | head -n 1 || true)
   if [ -z "$wheel" ]; then

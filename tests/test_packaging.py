@@ -138,3 +138,16 @@ def test_the_example_trainer_is_a_console_command_that_trains(tmp_path):
     assert (got["mode"], got["epochs_run"], got["steps"]) == ("sync", [0, 1], 2 * got["steps_per_epoch"])
     assert got["test_accuracy"] > 0.85, got
     assert (tmp_path / "run" / "sync" / "model.keras").exists()
+
+
+def test_the_installed_horovod_is_built_with_the_projects_patch():
+    """scripts/install.sh builds Horovod from its sdist with scripts/horovod-0.28.1.patch (the
+    queue refuses a collective after its shutdown, fault-tolerance.md): the installed build says
+    so in the names the patch adds to ``horovod/__init__.py``; an unpatched wheel from an older
+    cache would not."""
+    with open(os.path.join(REPO, "scripts", "horovod-0.28.1.patch"), encoding="utf-8") as handle:
+        patch = handle.read()
+    assert "+tfsyncmodes_patches = ('tensor-queue-finalized',)" in patch
+    result = subprocess.run([PYTHON, "-c", "import horovod; print(getattr(horovod, 'tfsyncmodes_patches', ()))"],
+                            capture_output=True, text=True, timeout=120, env=clean_env(), cwd=REPO)
+    assert result.stdout.strip() == "('tensor-queue-finalized',)", result.stderr[-2000:]
