@@ -105,7 +105,12 @@ def main(argv=None):
         dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
         dataset = dataset.shuffle(len(x), seed=context.input_pipeline_id).repeat()
         dataset = dataset.batch(PER_WORKER_BATCH, drop_remainder=True)
-        return dataset.apply(testing.sleep(int(args.step_ms * 1000)))
+        # tf.data's autotuning off: with it, dropping an attempt's iterator (a fit that ended
+        # or failed) could block the rank for up to the autotuner's period (10-59 s seen), in
+        # the iterator's destructor, while the others waited for it (fault-tolerance.md).
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return dataset.apply(testing.sleep(int(args.step_ms * 1000))).with_options(options)
 
     with strategy.scope():
         keras.utils.set_random_seed(0)
