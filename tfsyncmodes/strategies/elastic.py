@@ -124,7 +124,9 @@ class ElasticCommit(keras.callbacks.Callback):
 
     No commit lands on an epoch's last step (of `steps`): the epoch's end commits right after.
     A world change noticed there would resume at step `steps` of an epoch with no step left,
-    and Keras 3 reads ``steps_per_epoch=0`` as "until the data end" (they repeat: a hang)."""
+    and that epoch would still run a step (EndPartEpoch ends it after its first): a step too
+    many. (When the part-done epoch had a fit of its own, Keras 3 read its
+    ``steps_per_epoch=0`` as "until the data end": the data repeat, a hang.)"""
 
     def __init__(self, state, every, first_step: int, steps: int, commit_point=lambda: True,
                  part_epoch=lambda steps, done: None):
