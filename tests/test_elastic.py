@@ -145,11 +145,28 @@ def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path, legacy)
     starts Horovod SLOW_JOIN s late, after the collective timeout: the join timeout covers it."""
     script, hosts = discovery(tmp_path, NAMES[:2])
     ranks, output, _ = elastic_job(tmp_path, script, 2, ELASTIC_ADD=f"1:9:{hosts}:{NAMES[2]}:1",
-                                   ELASTIC_JOIN_DELAY=f"2:{SLOW_JOIN}", TF_USE_LEGACY_KERAS=legacy)
+                                   ELASTIC_JOIN_DELAY=f"2:{SLOW_JOIN}", TF_USE_LEGACY_KERAS=legacy,
+                                   ELASTIC_TENSORBOARD=tmp_path / "tensorboard")
     assert "tfsyncmodes: world 2 -> 3 at epoch 2 step 0" in output, output[-4000:]
     # The new rank started from other weights (seeded by rank) and ends with the others'.
     history = check_one_model_all_steps(ranks, 3)
     assert history["world_size"] == [2.0, 2.0, 3.0, 3.0]
+    # Rank 0's TensorBoard callback (the user's, before the commit's) saw the world's size too.
+    assert tensorboard_scalars(tmp_path / "tensorboard", "epoch_world_size") == [2.0, 2.0, 3.0, 3.0]
+
+
+def tensorboard_scalars(log_dir, tag):
+    """The values of `tag` in the event files under `log_dir`, by step."""
+    import tensorflow as tf
+
+    values = {}
+    for path in sorted(log_dir.rglob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    scalar = value.simple_value if value.HasField("simple_value") else tf.make_ndarray(value.tensor)
+                    values[event.step] = float(scalar)
+    return [values[step] for step in sorted(values)]
 
 
 def test_a_rank_lost_after_a_join_and_before_the_next_commit_is_a_line_of_the_world_it_left(tmp_path):
@@ -215,11 +232,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 from tfsyncmodes.keras.compat import keras
-import horovod.tensorflow as hvd
 from tfsyncmodes.strategies.elastic import ElasticCommit, EndPartEpoch
-
-hvd.init()  # one process: the commit callback logs the world's size
-
 
 class State:  # the fields of the elastic state the commit callback reads and writes
     epoch, batch, logs = 1, 6, []

@@ -89,8 +89,11 @@ def main():
                 if hvd.rank() == 0:
                     print(f"first step in a world of {self.size} at {time.time():.3f}", flush=True)
 
+    callbacks = [Faults()]
+    if os.environ.get("ELASTIC_TENSORBOARD") and hvd.rank() == 0:  # the user's TensorBoard, on rank 0
+        callbacks.append(keras.callbacks.TensorBoard(os.environ["ELASTIC_TENSORBOARD"]))
     history = strategy.fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps,
-                           callbacks=[Faults()], verbose=0)
+                           callbacks=callbacks, verbose=0)
     out = os.environ["ELASTIC_OUT"]
     from tfsyncmodes.exchange import CrossGroupPolicy
     policies = model.optimizer.exchange.find(CrossGroupPolicy)

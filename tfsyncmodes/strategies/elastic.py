@@ -117,9 +117,20 @@ class EndPartEpoch(keras.callbacks.Callback):
             self.model.stop_training = self._stopped = False
 
 
+class WorldSize(keras.callbacks.Callback):
+    """Adds ``world_size`` (Horovod's size) to each epoch's logs. It goes first in the list, so
+    that the callbacks after it (TensorBoard, a CSV logger, the History, the commit) see it."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        import horovod.tensorflow as hvd
+
+        if logs is not None:
+            logs["world_size"] = float(hvd.size())
+
+
 class ElasticCommit(keras.callbacks.Callback):
     """Counts the steps of an attempt, commits the state at epoch ends (and every `every`
-    steps), adds ``world_size`` to the epoch logs and keeps the committed epoch logs. A commit
+    steps) and keeps the committed epoch logs. A commit
     waits for a step after which `commit_point()` is true (hybrid: a round boundary).
 
     No commit lands on an epoch's last step (of `steps`): the epoch's end commits right after.
@@ -153,10 +164,6 @@ class ElasticCommit(keras.callbacks.Callback):
             self._commit()
 
     def on_epoch_end(self, epoch, logs=None):
-        import horovod.tensorflow as hvd
-
-        if logs is not None:
-            logs["world_size"] = float(hvd.size())
         self.state.logs = self.state.logs + [(epoch, {k: float(v) for k, v in (logs or {}).items()})]
         self.state.epoch, self.state.batch, self.first_step = epoch + 1, 0, 0
         self._commit()
@@ -204,8 +211,8 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
         last["history"] = model.fit(
             dataset, epochs=epochs, initial_epoch=state.epoch, steps_per_epoch=steps_per_epoch,
             shuffle=False, verbose=verbose,
-            callbacks=[EndPartEpoch(first, steps_per_epoch)] + strategy.with_required_callbacks(callbacks)
-            + [commit, deadline])
+            callbacks=[EndPartEpoch(first, steps_per_epoch), WorldSize()]
+            + strategy.with_required_callbacks(callbacks) + [commit, deadline])
         return last.get("history")
 
     def guarded(state):
