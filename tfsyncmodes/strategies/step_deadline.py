@@ -5,7 +5,9 @@ before it queues a collective and queues it after; a background loop that ends o
 peer in between empties the queue first, and the collective stays there, never done and never
 failed (``EnqueueTensorAllreduce``), so the rank never reaches the rendezvous where the others
 wait (seen in about one chaos run in four and once in CI: the survivors at ``hvd.init``, one rank
-in its train function for minutes).
+in its train function for minutes). The Horovod that ``scripts/install.sh`` builds carries a patch
+that closes this race (``scripts/horovod-0.28.1.patch``); the deadline stays for a Horovod built
+without it and for any other step that never ends.
 
 :class:`StepDeadline` then starts the rank again in place, as torchrun restarts a worker: one
 line on stderr, and the process replaces itself with a new run of the same command (``exec``,
