@@ -63,6 +63,19 @@ def next_place(environ=os.environ) -> Optional[Dict[str, str]]:
     return dict(zip(PLACE_VARS, values))
 
 
+def _close_on_exec() -> None:
+    """Marks every descriptor above the standard streams close-on-exec. Closing them here would
+    pull them from under Horovod's threads, still running until the exec (Gloo aborted on its
+    epoll descriptor once: ``nfds != -1``)."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass  # closed meanwhile, or the listing's own descriptor
+
+
 class StepDeadline(keras.callbacks.Callback):
     """Starts this process again in place (one line) when one train step lasts over `seconds`;
     after :data:`MAX_RESTARTS`, ends it with status 1 instead."""
@@ -126,6 +139,6 @@ class StepDeadline(keras.callbacks.Callback):
                 os._exit(1)
             os.environ.update(place)
             os.environ[RESTARTS_ENV] = str(done + 1)
-            os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the old run's sockets and files
+            _close_on_exec()  # the old run's sockets and files close with the exec
             os.execv(sys.executable, sys.orig_argv)
         os._exit(1)
