@@ -2,6 +2,7 @@
 ``optimizer.iterations``, every compiled metric's state and the epoch logs read from it;
 ``EarlyStopping`` through the fit-like loop; ``--sync_slow_worker`` slows its worker."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -77,3 +78,35 @@ def test_slow_worker_runs_a_smaller_share_of_the_steps(tmp_path):
     # Worker 1 runs 1/8 of the time; the coordinator gives the free worker the next step.
     assert 0 < runs[1] < runs[0] / 2, runs
     assert int(counter["iterations"]) == int(counter["scheduled"])
+
+
+@pytest.mark.timeout(260)
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly_once", "at_least_once"])
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
+def test_a_step_whose_worker_is_lost_after_its_update_landed_is_applied_once(tmp_path, legacy, exactly_once):
+    # Without staleness-aware scaling every update is lr x the gradient, whichever worker made it.
+    env = {"TFSYNC_STALENESS_AWARE_LR": "false", "TFSYNC_EXACTLY_ONCE": str(exactly_once).lower(),
+           **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {})}
+    cluster = Cluster(["--workers", "2", "--ps", "1", "--timeout", "200", "--tolerate_worker_loss"],
+                      [PYTHON, CHECKS, str(tmp_path), "lost_after_update"], **env)
+    assert cluster.finish(220) == 0, cluster.output[-6000:]
+    saved = np.load(tmp_path / "lost_after_update.npz")
+    # The step's worker really died (SIGABRT) after the update, and the coordinator ran it again.
+    assert int(saved["fired"]) == 1 and bool(saved["exactly_once"]) == exactly_once
+    assert re.search(r"\[launch\] worker:\d exited with status -6", cluster.output), cluster.output[-6000:]
+    steps, lr = int(saved["steps"]), np.float32(saved["lr"])
+    # --sync_exactly_once=false: the coordinator's at least once, the lost step applied twice.
+    updates = steps if exactly_once else steps + 1
+    # NumPy: the loss is the mean prediction, so every update subtracts lr x the mean features.
+    gradient = saved["x"].astype(np.float32).mean(axis=0).reshape(-1, 1)
+    kernel = np.ones_like(gradient)
+    for _ in range(updates):
+        kernel = kernel - lr * gradient
+    np.testing.assert_allclose(saved["kernel"], kernel, rtol=0, atol=1e-6)
+    # One update more (or less) would move a weight by over 1000 x the tolerance.
+    assert np.abs(lr * gradient).max() > 1e-3
+    if exactly_once:
+        assert int(saved["iterations"]) == steps
+        # The lost step is in the second epoch: its metric counted each of its examples once.
+        assert float(saved["metric_count"]) == steps // 2 * int(saved["batch"])
+        assert "found them applied and skipped them" in cluster.output

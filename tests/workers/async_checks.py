@@ -13,6 +13,12 @@ Scenarios (each with a model of its own, in the same cluster):
   recomputes accuracy and loss in NumPy and knows how many examples were counted.
 * ``early_stopping``: ``strategy.fit`` for 10 epochs with an ``EarlyStopping`` that can never
   see an improvement (patience 1): the History must end after 2 epochs.
+* ``lost_after_update``: ``strategy.fit`` (2 x ONCE_STEPS steps, plain SGD) of a model whose
+  loss is linear in its weights, so every step's gradient is the same whichever weights it
+  read and the final kernel says how many updates landed. The worker running step
+  ABORT_AT aborts (``tf.raw_ops.Abort``, the process dies with SIGABRT) once that step's update
+  is on the parameter server and before it reports: the coordinator runs the step again on the
+  other worker. Saves the kernel, the counts and the re-runs found applied.
 """
 import os
 import sys
@@ -20,6 +26,7 @@ import sys
 import numpy as np
 
 FEATURES, CLASSES, BATCH, STEPS = 8, 4, 32, 200
+ONCE_STEPS, ONCE_LR, ABORT_AT = 40, 0.01, 60  # steps per epoch (2 epochs), rate, the lost step (epoch 2)
 
 
 def data(seed=3):
@@ -95,6 +102,66 @@ def main(outdir, scenarios):
         history = strategy.fit(model, dataset_fn, epochs=10, steps_per_epoch=5, callbacks=[stop], verbose=0)
         np.savez(os.path.join(outdir, "early_stopping.npz"), epochs=len(history.history["loss"]),
                  iterations=int(np.asarray(optimizer.iterations)), steps_per_epoch=5)
+
+    if "lost_after_update" in scenarios:
+        lost_after_update(outdir, strategy, keras, dataset_fn)
+
+
+def abort_after(step_id_to_lose, fired):
+    """Wraps AppliedSteps.run (and AtLeastOnce.run): after the step with that id has run (update
+    landed, step marked), its worker aborts, once in the run (`fired`, on the parameter server).
+    With --sync_exactly_once=false every step id is 0, so the first step's worker aborts."""
+    import tensorflow as tf
+
+    from tfsyncmodes.keras import once
+
+    originals = {kind: kind.run for kind in (once.AppliedSteps, once.AtLeastOnce)}
+
+    def run(self, step_id, step, written, **kwargs):
+        outputs = originals[type(self)](self, step_id, step, written, **kwargs)
+
+        def abort():
+            with tf.control_dependencies([fired.assign(1)]):
+                aborted = tf.raw_ops.Abort(error_msg=f"lost after step {step_id_to_lose}'s update")
+            with tf.control_dependencies([aborted]):
+                return tf.constant(0)
+
+        with tf.control_dependencies(tf.nest.flatten(outputs)):
+            lose = tf.logical_and(tf.equal(step_id, step_id_to_lose), tf.equal(fired.read_value(), 0))
+            done = tf.cond(lose, abort, lambda: tf.constant(0))
+        with tf.control_dependencies([done]):
+            return tf.nest.map_structure(tf.identity, outputs)
+
+    once.AppliedSteps.run = once.AtLeastOnce.run = run
+
+
+def lost_after_update(outdir, strategy, keras, dataset_fn):
+    import tensorflow as tf
+
+    import tfsyncmodes
+
+    with strategy.scope():
+        keras.utils.set_random_seed(4)
+        model = keras.Sequential([keras.Input((FEATURES,)),
+                                  keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
+        optimizer = tfsyncmodes.wrap(keras.optimizers.SGD(ONCE_LR), "async")
+        # Linear in the kernel: the gradient is the batch's mean features, whatever was read.
+        model.compile(optimizer=optimizer, jit_compile=False, metrics=["mean_absolute_error"],
+                      loss=lambda y_true, y_pred: tf.reduce_mean(y_pred))
+        fired = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_fired")
+    exactly_once = strategy.config.exactly_once
+    abort_after(ABORT_AT if exactly_once else 0, fired)
+    history = strategy.fit(model, lambda context: dataset_fn(context).map(
+        lambda features, labels: (features, tf.cast(labels, tf.float32))),
+        epochs=2, steps_per_epoch=ONCE_STEPS, verbose=0)
+    metric = [leaf for m in model.metrics for leaf in (getattr(m, "metrics", None) or [m])
+              if leaf.name == "mean_absolute_error"][0]
+    count = [float(np.asarray(v)) for v in metric.variables if "count" in v.name][0]
+    np.savez(os.path.join(outdir, "lost_after_update.npz"), kernel=np.asarray(model.get_weights()[0]),
+             x=data()[0], steps=2 * ONCE_STEPS, lr=ONCE_LR, batch=BATCH, metric_count=count,
+             iterations=int(np.asarray(optimizer.iterations)), fired=int(fired.numpy()),
+             exactly_once=exactly_once,
+             history_loss=np.array(history.history["loss"]))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ as ``model.get_metrics_result()``; otherwise it falls back to whichever step it 
 which under concurrent workers misses the updates that landed after it. The step's
 ``staleness`` is therefore kept in a variable too and reported by ``get_metrics_result``, and
 so is the epoch's count of updates dropped by ``--sync_max_staleness`` (``dropped_updates``).
+
+tf_keras schedules ``model.train_function`` once per step; here it carries a step id, so a step
+the coordinator runs again after a lost worker is applied once
+(:class:`~tfsyncmodes.keras.once.AppliedSteps`; with ``steps_per_execution`` 1, its default).
 """
 from __future__ import annotations
 
@@ -16,6 +20,41 @@ import tf_keras
 from absl import logging
 
 from tfsyncmodes.exchange.remedies import StaleUpdateDrop
+from tfsyncmodes.keras.once import AppliedSteps, AtLeastOnce
+
+
+def _variables_of(obj):
+    variables = obj.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def applied_once(model, once, extra=()):
+    """A ``make_train_function`` for `model` whose scheduled steps each apply once."""
+    build = model.make_train_function
+
+    def make_train_function(force=False):
+        if model.train_function is not None and not force:
+            return model.train_function
+        build(force=True)  # tf_keras' own, compiled as model.train_tf_function
+        coordinator = model._cluster_coordinator
+        inner = getattr(model, "train_tf_function", None)
+        if coordinator is None or inner is None or int(model._steps_per_execution.numpy()) != 1:
+            return model.train_function  # several steps per execution: tf_keras' at least once
+
+        def written():
+            metrics = [v for metric in model.metrics for v in metric.variables]
+            return [*model.variables, *_variables_of(model.optimizer), *metrics,
+                    model._train_counter, *extra]
+
+        @tf.function
+        def train_function(iterator, step_id):
+            logs = once.run(step_id, lambda: inner.python_function(iterator), written)
+            return {key: value for key, value in logs.items() if key != "applied"}
+
+        model.train_function = lambda it: coordinator.schedule(train_function, args=(it, once.next_id()))
+        return model.train_function
+
+    return make_train_function
 
 
 def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verbose):
@@ -31,6 +70,11 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
         last_staleness = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfsync_last_staleness")
         # The epoch's dropped updates, added to atomically on the ps by every worker's step.
         epoch_dropped = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfsync_epoch_dropped")
+        # tf_keras waits for every step at an epoch's end: at most an epoch's steps in flight.
+        if not steps_per_epoch:
+            once = None  # tf_keras refuses this strategy without it
+        else:
+            once = AppliedSteps(steps_per_epoch) if strategy.config.exactly_once else AtLeastOnce()
 
     def train_step(data):
         read = optimizer.begin_step()
@@ -62,11 +106,21 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
     model.train_step = train_step
     model.get_metrics_result = get_metrics_result
     model.reset_metrics = reset_metrics
+    if once is not None:
+        model.make_train_function = applied_once(model, once, (last_staleness, epoch_dropped))
+        model.train_function = None  # built again, with step ids
     try:
-        return model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=epochs,
-                         steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
-                         verbose=2 if verbose else 0)  # tf_keras refuses a per-step bar here
+        history = model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=epochs,
+                            steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
+                            verbose=2 if verbose else 0)  # tf_keras refuses a per-step bar here
+        skipped = int(once.skipped.numpy()) if getattr(once, "skipped", None) is not None else 0
+        if skipped:
+            logging.warning("%d step(s) had landed before their worker was lost; the coordinator's "
+                         "re-runs found them applied and skipped them", skipped)
+        return history
     finally:
         del model.train_step
         del model.get_metrics_result
         del model.reset_metrics
+        if once is not None:
+            del model.make_train_function

@@ -18,6 +18,7 @@ from absl import logging
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange.remedies import dropped_counter
 from tfsyncmodes.exchange.version import make_counter_atomic
+from tfsyncmodes.keras.once import AppliedSteps, AtLeastOnce
 
 
 def _to_float(value) -> float:
@@ -27,7 +28,7 @@ def _to_float(value) -> float:
 class StepRunner:
     """How one training step runs. ``prepare`` is called once, ``step`` once per step."""
 
-    def prepare(self, model) -> None:
+    def prepare(self, model, steps_per_epoch: int) -> None:
         raise NotImplementedError
 
     def step(self) -> Dict[str, object]:
@@ -53,7 +54,8 @@ class StrategyRunner(StepRunner):
         self.strategy = strategy
         self.dataset_fn = dataset_fn
 
-    def prepare(self, model) -> None:
+    def prepare(self, model, steps_per_epoch: int) -> None:
+        del steps_per_epoch
         tf_strategy = self.strategy.tf_strategy
         batch = sample_batch(self.dataset_fn, self.strategy.num_replicas_in_sync)
         with tf_strategy.scope():
@@ -71,19 +73,26 @@ class StrategyRunner(StepRunner):
         return self._train_function(self._iterator)
 
 
-def async_train_step(model, data):
-    """One async update on a worker: the variables' version is read before the forward pass,
-    so the optimizer can tell how stale the update is when it writes."""
+def async_gradients(model, data):
+    """An async step's forward and backward pass on a worker: the variables' version is read
+    before the forward pass, so the optimizer can tell how stale the update is when it writes.
+    Returns what :func:`async_apply` needs; nothing is written yet."""
     import keras
 
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    optimizer = model.optimizer
-    read = optimizer.begin_step()
+    read = model.optimizer.begin_step()
     with tf.control_dependencies([read]):
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
         grads = tape.gradient(loss, model.trainable_variables)
+    return grads, (x, y, y_pred, sample_weight, loss)
+
+
+def async_apply(model, grads, batch):
+    """An async step's writes: the update and the metrics."""
+    x, y, y_pred, sample_weight, loss = batch
+    optimizer = model.optimizer
     optimizer.apply(grads, model.trainable_variables)
     # The metric state (made atomic by make_metrics_atomic) is read when the epoch ends.
     for metric in model.metrics:
@@ -91,6 +100,11 @@ def async_train_step(model, data):
             metric.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
     model.compute_metrics(x, y, y_pred, sample_weight)
     return {"staleness": optimizer.step_staleness}
+
+
+def async_train_step(model, data):
+    """One async update on a worker: :func:`async_gradients`, then :func:`async_apply`."""
+    return async_apply(model, *async_gradients(model, data))
 
 
 def make_metrics_atomic(model) -> None:
@@ -107,30 +121,28 @@ class CoordinatorRunner(StepRunner):
 
     Steps run asynchronously; the epoch's results are fetched when it ends, so the loss is the
     exact mean over the epoch's examples (like every compiled metric, read from its atomically
-    updated state once every step is done), the staleness statistics cover every applied update,
-    and ``steps`` counts the updates that really ran (a step lost with a worker is run again
-    elsewhere by the coordinator and counted once).
+    updated state once every step is done), the staleness statistics cover every update whose
+    worker reported it, and ``steps`` counts the steps. A step the coordinator runs again after
+    a lost worker is applied once (:class:`~tfsyncmodes.keras.once.AppliedSteps`).
     """
 
     def __init__(self, strategy, dataset_fn: Callable):
         self.strategy = strategy
         self.dataset_fn = dataset_fn
 
-    def prepare(self, model) -> None:
+    def prepare(self, model, steps_per_epoch: int) -> None:
         tf_strategy = self.strategy.tf_strategy
         with tf_strategy.scope():
             model._symbolic_build(data_batch=sample_batch(self.dataset_fn, 1))
             if not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
+            # fit_loop waits for every step at an epoch's end: at most an epoch's steps in flight.
+            exactly_once = self.strategy.config.exactly_once
+            self._once = AppliedSteps(steps_per_epoch) if exactly_once else AtLeastOnce()
         make_metrics_atomic(model)
         self._model = model
         self._iterator = iter(self.strategy.distribute_datasets_from_function(self.dataset_fn))
-
-        @tf.function
-        def worker_function(iterator):
-            return tf_strategy.run(lambda data: async_train_step(model, data), args=(next(iterator),))
-
-        self._worker_function = worker_function
+        self._worker_function = tf.function(self.worker_step)
         self._optimizer = model.optimizer
         self._pending = []
         self._count_at_epoch_start = None
@@ -142,26 +154,42 @@ class CoordinatorRunner(StepRunner):
             self._count_at_epoch_start = int(np.asarray(self._optimizer.iterations))
             if self._dropped is not None:
                 self._dropped_at_epoch_start = int(np.asarray(self._dropped))
-        self._pending.append(self.strategy.coordinator.schedule(self._worker_function, args=(self._iterator,)))
+        self._pending.append(self.strategy.coordinator.schedule(
+            self._worker_function, args=(self._iterator, self._once.next_id())))
         return {}
+
+    def worker_step(self, iterator, step_id):
+        """One step on a worker (traced into the scheduled function): its update, unless step
+        `step_id` already landed from a worker lost before it reported."""
+        model, tf_strategy = self._model, self.strategy.tf_strategy
+        data = next(iterator)
+        return self._once.run(
+            step_id, lambda *computed: tf_strategy.run(lambda *c: async_apply(model, *c), args=computed),
+            written=lambda: [*model.variables, *model.optimizer.variables, *model.metrics_variables],
+            inputs=lambda: tf_strategy.run(lambda d: async_gradients(model, d), args=(data,)))
 
     def epoch_logs(self, last_step_logs):
         self.strategy.join()
         results = [remote.fetch() for remote in self._pending]
         self._pending = []
-        # A worker that dies after its update landed but before it reported has its step run
-        # again elsewhere: the counter then holds one increment too many. The steps the epoch
-        # executed are what the run reports, what schedules continue from and what checkpoints
-        # hold.
+        applied = np.array([int(np.asarray(r["applied"])) for r in results], bool)
+        if not applied.all():
+            logging.warning("%d step(s) of this epoch had landed before their worker was lost; "
+                         "the coordinator's re-runs found them applied and skipped them",
+                         int((~applied).sum()))
+        # Each step's update is applied once; a count that differs is a worker lost while its
+        # gradients were part-way to the parameter servers (see keras/once.py).
         executed = self._count_at_epoch_start + len(results)
         counted = int(np.asarray(self._optimizer.iterations))
         if counted != executed:
             logging.warning("optimizer.iterations counted %d updates for the %d steps executed "
-                            "(a step re-run after a lost worker); the count is set to the steps",
-                            counted - self._count_at_epoch_start, len(results))
+                            "(a worker lost while its update was in flight); the count is set to "
+                            "the steps", counted - self._count_at_epoch_start, len(results))
             self._optimizer.iterations.assign(executed)
         self._count_at_epoch_start = None
-        staleness = np.array([int(np.asarray(r["staleness"])) for r in results])
+        # Staleness as measured by the runs that reported it (a skipped re-run measured none).
+        staleness = np.array([int(np.asarray(r["staleness"])) for r, a in zip(results, applied) if a]
+                             or [0])
         logs = {key: _to_float(value) for key, value in self._model.get_metrics_result().items()}
         logs.update(staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
                     steps=float(len(results)))
@@ -182,7 +210,7 @@ def fit_loop(model, runner: StepRunner, *, epochs: int, steps_per_epoch: Optiona
         raise ConfigError("fit", "steps_per_epoch",
                           "this strategy's training loop needs a fixed number of steps per epoch",
                           "pass steps_per_epoch=N (N >= 1) and repeat() the dataset")
-    runner.prepare(model)
+    runner.prepare(model, steps_per_epoch)
     callback_list = keras.callbacks.CallbackList(
         list(callbacks), add_history=True, add_progbar=verbose != 0, verbose=verbose,
         epochs=epochs, steps=steps_per_epoch, model=model)

@@ -1,0 +1,121 @@
+"""Each async step's update applied once, however often the coordinator runs the step.
+
+``ClusterCoordinator`` runs a scheduled step at least once: when a worker is lost before it
+reports, the step is put back and run again on another worker. If the lost worker's update had
+already reached the parameter servers, the step would then be applied twice: one update, one
+``optimizer.iterations`` increment and one batch of every metric too many (a chaos run of 3000
+steps ended at 3001 before this).
+
+:class:`AppliedSteps` keeps, on the parameter servers, which steps' updates have landed: a ring
+of ``size`` int64 slots, step ``i`` marking slot ``i % size`` with ``i + 1`` once every variable
+it wrote (the model's, the optimizer's, the metrics') holds its update. Every step carries its
+id as an argument of the scheduled function, so a re-run carries the same id; it reads its slot
+first and, if the mark is there, skips the whole step (no forward pass, no update, no metric).
+The loops wait for every step at each epoch's end, so at most ``steps_per_epoch`` steps are in
+flight and a ring of that size never overwrites a step that could still be run again.
+
+What it does not cover: a worker lost while its gradients were part-way to the parameter
+servers, after some variables took their update and before the mark. That step is run again
+in full, so those variables take its update twice. The mark is written once the update is
+complete, so this window is the gradients' transfer, not the step.
+
+The check wraps ``strategy.run`` in the worker's function (cross-replica context): the
+optimizers' distributed update paths refuse a conditional inside the replica function. It
+costs one read of the parameter servers before a step writes and one write after (about 1 ms
+a step on loopback, in BENCHMARKS.md); ``--sync_exactly_once=false`` gives the coordinator's
+at least once back (:class:`AtLeastOnce`).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Dict, Iterable
+
+import tensorflow as tf
+
+from tfsyncmodes.exchange.version import tf_variable
+
+
+def _resources(variable):
+    """The tf.Variables behind a Keras 3 or tf_keras variable: a sharded one's shards (one
+    per parameter server, ``--sync_ps_shards``), or the one variable."""
+    if isinstance(variable, tf.Variable):
+        return [variable]
+    shards = getattr(variable, "variables", None)  # tf.distribute's ShardedVariable
+    if isinstance(shards, (list, tuple)):
+        return list(shards)
+    return [tf_variable(variable)]
+
+
+class AtLeastOnce:
+    """No check: every run of a step applies it (``--sync_exactly_once=false``)."""
+
+    skipped = None
+
+    def next_id(self) -> tf.Tensor:
+        return tf.constant(0, tf.int64)
+
+    def run(self, step_id, step, written, inputs=None):
+        del step_id, written
+        outputs = step(*(tuple(inputs()) if inputs is not None else ()))
+        return {**outputs, "applied": tf.constant(1, tf.int64)}
+
+
+class AppliedSteps:
+    """A ring of step ids on the parameter servers; create it inside the strategy's scope."""
+
+    def __init__(self, size: int, name: str = "tfsync_applied_steps"):
+        if size < 1:
+            raise ValueError(f"AppliedSteps needs size >= 1 (the steps in flight), got {size}")
+        self.size = size
+        self.ring = tf.Variable(tf.zeros([size], tf.int64), trainable=False, name=name)
+        # Re-runs that found their step applied (atomic on the parameter servers).
+        self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_skipped")
+        self._ids = itertools.count()
+
+    def next_id(self) -> tf.Tensor:
+        """The id the next scheduled step carries (a scalar, so the function is traced once)."""
+        return tf.constant(next(self._ids), tf.int64)
+
+    def _slot(self, step_id):
+        return tf.math.floormod(step_id, self.size)
+
+    def landed(self, step_id) -> tf.Tensor:
+        """Whether step `step_id`'s update is on the parameter servers already."""
+        return tf.equal(tf.gather(self.ring, self._slot(step_id)), step_id + 1)
+
+    def mark(self, step_id, written: Iterable) -> tf.Operation:
+        """Marks `step_id` once each variable in `written` has taken this step's writes (a read
+        of each, ordered after its writes by the function's automatic control dependencies)."""
+        reads = [r.read_value().op for v in written for r in _resources(v)]
+        with tf.control_dependencies(reads):
+            return self.ring.scatter_update(tf.IndexedSlices(
+                tf.reshape(step_id + 1, [1]), tf.reshape(self._slot(step_id), [1]))).op
+
+    def run(self, step_id, step: Callable[..., Dict[str, tf.Tensor]],
+            written: Callable[[], Iterable], inputs: Callable[[], object] = None) -> Dict[str, tf.Tensor]:
+        """``step(*inputs())`` unless `step_id` has landed; then zeros of the same structure. The
+        result gains ``applied``: 1 when this run applied the step, 0 when it found it applied.
+
+        `inputs`, when given, computes what the step needs before it writes anything (the
+        forward and backward pass): it runs outside the check, so the check's read of the
+        parameter servers overlaps it instead of delaying the step. `written` lists the
+        variables the step writes (called after ``step``, so variables it creates count)."""
+        traced = {}
+        computed = tuple(inputs()) if inputs is not None else ()
+
+        def apply():
+            outputs = step(*computed)
+            with tf.control_dependencies(tf.nest.flatten(outputs)):
+                marked = self.mark(step_id, written())
+            with tf.control_dependencies([marked]):
+                outputs = tf.nest.map_structure(tf.identity, outputs)
+            traced["outputs"] = outputs
+            return {**outputs, "applied": tf.constant(1, tf.int64)}
+
+        def skip():  # traced after apply (cond traces its true branch first)
+            counted = self.skipped.assign_add(1, read_value=False)
+            with tf.control_dependencies([counted]):
+                zeros = tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), traced["outputs"])
+                return {**zeros, "applied": tf.constant(0, tf.int64)}
+
+        return tf.cond(tf.logical_not(self.landed(step_id)), apply, skip)
