@@ -116,7 +116,7 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
         skipped = int(once.skipped.numpy()) if getattr(once, "skipped", None) is not None else 0
         if skipped:
             logging.warning("%d step(s) had landed before their worker was lost; the coordinator's "
-                         "re-runs found them applied and skipped them", skipped)
+                            "re-runs found them applied and skipped them", skipped)
         return history
     finally:
         del model.train_step

@@ -10,18 +10,20 @@ steps ended at 3001 before this).
 of ``size`` int64 slots, step ``i`` marking slot ``i % size`` with ``i + 1`` once every variable
 it wrote (the model's, the optimizer's, the metrics') holds its update. Every step carries its
 id as an argument of the scheduled function, so a re-run carries the same id; it reads its slot
-first and, if the mark is there, skips the whole step (no forward pass, no update, no metric).
+first and, if the mark is there, skips the step's writes: no update, no metric (under tf_keras
+the whole step is skipped; Keras 3's loop runs the forward and backward pass beside the check,
+so a skipped re-run wastes that compute).
 The loops wait for every step at each epoch's end, so at most ``steps_per_epoch`` steps are in
 flight and a ring of that size never overwrites a step that could still be run again.
 
-What it does not cover: a worker lost while its gradients were part-way to the parameter
-servers, after some variables took their update and before the mark. That step is run again
-in full, so those variables take its update twice. The mark is written once the update is
-complete, so this window is the gradients' transfer, not the step.
+What it does not cover: a worker lost between its first write reaching the parameter servers
+and its mark (its gradients and metric updates part-way there). That step is run again in
+full, so the variables written before the loss take its update twice. The window is the
+transfer of the step's writes, milliseconds, not the step.
 
 The check wraps ``strategy.run`` in the worker's function (cross-replica context): the
 optimizers' distributed update paths refuse a conditional inside the replica function. It
-costs one read of the parameter servers before a step writes and one write after (about 1 ms
+costs one read of the parameter servers before a step writes and one write after (1.2-1.5 ms
 a step on loopback, in BENCHMARKS.md); ``--sync_exactly_once=false`` gives the coordinator's
 at least once back (:class:`AtLeastOnce`).
 """
