@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import tempfile
 import time
 
 from scripts.quietstart import import_tensorflow_quietly
@@ -30,7 +28,7 @@ import_tensorflow_quietly()
 from absl import app, flags  # noqa: E402
 
 import tfsyncmodes  # noqa: E402,F401  (defines --sync_slow_worker and the other knobs)
-from benchmarks.benchlib import DOCS, REPO, module_command, replace_section, repo_env  # noqa: E402
+from benchmarks.benchlib import DOCS, async_chief_run, replace_section  # noqa: E402
 
 flags.DEFINE_integer("steps", 400, "Timed steps per cluster run (after 40 warm-up steps).")
 flags.DEFINE_list("workers", ["2", "4"], "Worker counts to measure.")
@@ -70,7 +68,7 @@ def chief(out_path: str) -> None:
 
     @tf.function
     def step(it):
-        return strategy.run(lambda data: async_train_step(model, data)["loss"], args=(next(it),))
+        return strategy.run(lambda data: async_train_step(model, data)["staleness"], args=(next(it),))
 
     for _ in range(40):
         coordinator.schedule(step, args=(iterator,))
@@ -86,23 +84,9 @@ def chief(out_path: str) -> None:
 
 def measure(workers: int, slow_worker: str) -> float:
     """Steps per second of a fresh local cluster."""
-    from tfsync_testbed import localrun
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rate.json")
-        command = [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(workers), "--ps", "1",
-                   "--timeout", "900", "--", *module_command("benchmarks.bench_async"),
-                   f"--chief_out={out}", f"--steps={FLAGS.steps}", f"--batch_size={FLAGS.batch_size}",
-                   f"--sync_slow_worker={slow_worker}"]
-        # One thread per op keeps processes from fighting over the cores; inter-op parallelism
-        # stays (a single inter-op thread deadlocks the workers' remote functions).
-        env = repo_env(TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1")
-        result = localrun.run(command, timeout=1000, env=env, cwd=REPO)
-        if result.returncode != 0 or not os.path.exists(out):
-            sys.stderr.write(result.stdout[-5000:])
-            sys.exit(f"bench_async: the cluster with {workers} worker(s) failed ({result.returncode})")
-        with open(out, encoding="utf-8") as handle:
-            rate = json.load(handle)
+    rate = async_chief_run("bench_async", "benchmarks.bench_async", workers,
+                           [f"--steps={FLAGS.steps}", f"--batch_size={FLAGS.batch_size}",
+                            f"--sync_slow_worker={slow_worker}"], timeout=900)
     steps_per_second = rate["steps"] / rate["seconds"]
     print(f"workers={workers} slow_worker={slow_worker or '-'}: {steps_per_second:.1f} steps/s", flush=True)
     return steps_per_second

@@ -1,9 +1,11 @@
 """Helpers the benchmark scripts share (importing one benchmark would define its flags)."""
 from __future__ import annotations
 
+import json
 import os
 import sys
-from typing import Mapping, Optional
+import tempfile
+from typing import Mapping, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(REPO, "docs")
@@ -25,6 +27,27 @@ def module_command(module: str, *args: str) -> list:
     """``python -m module args``: how a benchmark starts one of its own modules as a process
     (with :func:`repo_env`)."""
     return [sys.executable, "-m", module, *args]
+
+
+def async_chief_run(program: str, module: str, workers: int, args: Sequence[str], timeout: int) -> dict:
+    """Runs `module` (``--chief_out=FILE`` and `args`) as the chief of a fresh local async
+    cluster (``tfsyncmodes.launch``, 1 ps, `workers` workers) and returns the JSON it wrote to
+    FILE; a cluster that fails prints its output's tail and exits naming `program`."""
+    from tfsync_testbed import localrun
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "chief.json")
+        command = [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(workers), "--ps", "1",
+                   "--timeout", str(timeout), "--", *module_command(module), f"--chief_out={out}", *args]
+        # One thread per op keeps processes from fighting over the cores; inter-op parallelism
+        # stays (a single inter-op thread deadlocks the workers' remote functions).
+        env = repo_env(TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1")
+        result = localrun.run(command, timeout=timeout + 100, env=env, cwd=REPO)
+        if result.returncode != 0 or not os.path.exists(out):
+            sys.stderr.write(result.stdout[-5000:])
+            sys.exit(f"{program}: the cluster with {workers} worker(s) failed ({result.returncode})")
+        with open(out, encoding="utf-8") as handle:
+            return json.load(handle)
 
 
 def bad_flag(program: str, field: str, problem: str, fix: str) -> None:

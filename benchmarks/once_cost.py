@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
-import tempfile
 import time
 
 from scripts.quietstart import import_tensorflow_quietly
@@ -28,7 +26,7 @@ import_tensorflow_quietly()
 from absl import app, flags  # noqa: E402
 
 import tfsyncmodes  # noqa: E402,F401  (defines the knobs)
-from benchmarks.benchlib import DOCS, REPO, module_command, replace_section, repo_env  # noqa: E402
+from benchmarks.benchlib import DOCS, async_chief_run, replace_section  # noqa: E402
 
 flags.DEFINE_integer("steps", 300, "Steps per round and runner.")
 flags.DEFINE_integer("rounds", 5, "Interleaved rounds.")
@@ -103,21 +101,9 @@ def chief(out_path: str) -> None:
 
 
 def measure() -> dict:
-    from tfsync_testbed import localrun
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "once.json")
-        command = [sys.executable, "-m", "tfsyncmodes.launch", "--workers", str(FLAGS.workers), "--ps", "1",
-                   "--timeout", "1500", "--", *module_command("benchmarks.once_cost"),
-                   f"--chief_out={out}", f"--steps={FLAGS.steps}", f"--rounds={FLAGS.rounds}",
-                   f"--batch_size={FLAGS.batch_size}"]
-        env = repo_env(TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1")
-        result = localrun.run(command, timeout=1600, env=env, cwd=REPO)
-        if result.returncode != 0 or not os.path.exists(out):
-            sys.stderr.write(result.stdout[-5000:])
-            sys.exit(f"once_cost: the cluster failed ({result.returncode})")
-        with open(out, encoding="utf-8") as handle:
-            return json.load(handle)
+    return async_chief_run("once_cost", "benchmarks.once_cost", FLAGS.workers,
+                           [f"--steps={FLAGS.steps}", f"--rounds={FLAGS.rounds}",
+                            f"--batch_size={FLAGS.batch_size}"], timeout=1500)
 
 
 def spread(values, digits=3):
