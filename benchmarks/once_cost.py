@@ -3,10 +3,10 @@
     python -m benchmarks.once_cost [--steps=300] [--rounds=5] [--workers=2]
 
 One local cluster (``tfsyncmodes.launch``, 1 ps, WORKERS workers, one intra-op thread per
-process). For each of two models, the fit-like loop's runner (``CoordinatorRunner``) schedules
+process). For each of two models, the fit-like loop's runner (``CoordinatorRunner``) with the check on schedules
 STEPS steps and waits for them, in ROUNDS rounds, interleaved with the same steps of a runner
 whose worker step leaves out the check (``strategy.run`` of the same train step, no step id,
-no mark: ``--sync_exactly_once=false``, the step as it was before ``keras/once.py``). A round's ratio is checked over
+no mark: ``--sync_skip_applied_reruns`` off, its default). A round's ratio is checked over
 unchecked seconds; the table gives the median and range over the rounds. The models: the
 digits classifier of the chaos job (64-10, 650 parameters: the check's share is largest) and
 ``bench_async``'s MLP (128-256-256-10, 101,642 parameters). JSON ``docs/once_cost.json`` and a
@@ -46,12 +46,20 @@ def chief(out_path: str) -> None:
 
     from tfsyncmodes.keras.compat import keras
     from tfsyncmodes.keras.loop import CoordinatorRunner
-    from tfsyncmodes.keras.once import AtLeastOnce
+    from tfsyncmodes.keras.once import AppliedSteps, AtLeastOnce
 
     strategy = tfsyncmodes.make_strategy("async")
 
+    class Checked(CoordinatorRunner):
+        """The loop's runner with ``--sync_skip_applied_reruns`` on."""
+
+        def prepare(self, model, steps_per_epoch):
+            super().prepare(model, steps_per_epoch)
+            with strategy.scope():
+                self._once = AppliedSteps(steps_per_epoch)
+
     class Unchecked(CoordinatorRunner):
-        """The same step without the step id's check and mark (``--sync_exactly_once=false``)."""
+        """The same step without the step id's check and mark (the knob off)."""
 
         def prepare(self, model, steps_per_epoch):
             super().prepare(model, steps_per_epoch)
@@ -87,7 +95,7 @@ def chief(out_path: str) -> None:
 
     results = {}
     for seed, (name, (features, hidden)) in enumerate(MODELS.items()):
-        checked, params = runner(CoordinatorRunner, features, hidden, seed)
+        checked, params = runner(Checked, features, hidden, seed)
         unchecked, _ = runner(Unchecked, features, hidden, seed)
         epoch(checked), epoch(unchecked)  # traces and warm-up
         rounds = []
@@ -131,12 +139,12 @@ def write_report(result):
                      f"{spread(per_step('unchecked'), 2)} | {spread(ratios)} |")
     table += [
         "",
-        "The check adds about 1.2-1.5 ms to a step here: the step's id is read from the ps before the "
+        "The check adds about 1.4-1.8 ms to a step here: the step's id is read from the ps before the "
         "step writes and marked after its writes, a round trip each way on top of the step's own. "
-        "That is a quarter of these 4-5 ms steps (the worst case: a model this small does almost "
-        "nothing else); at the 50-400 ms steps the bed emulates, or the chaos job's 80 ms, it is 0.3-3 %. "
-        "`--sync_exactly_once=false` leaves it out, for jobs whose steps are this short and that "
-        "accept the coordinator's at least once.",
+        "That is a quarter to a third of these 5-8 ms steps (the worst case: a model this small does "
+        "almost nothing else); at the 50-400 ms steps the bed emulates, or the chaos job's 80 ms, it is "
+        "0.4-4 %. "
+        "`--sync_skip_applied_reruns` is off by default (see fault-tolerance.md for what it covers).",
         "",
     ]
     replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), "once", "\n".join(table))

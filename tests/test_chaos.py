@@ -93,9 +93,8 @@ def check(result, undisturbed):
     assert result["leftovers"] == [], result["leftovers"]
     assert not os.path.exists(result["work"])
     final = result["final"]
-    # A step whose update landed before its worker was lost is skipped when the coordinator runs
-    # it again (keras/once.py); a worker lost within the milliseconds between its first write
-    # and its mark still has its step applied again: at most one extra step per kill.
+    # At least once: a worker lost after its first write reached the ps, before the coordinator
+    # heard back, has its step applied again elsewhere (one extra step per such kill, seen).
     extra = int(final["iterations"]) - result["promised_steps"]
     assert 0 <= extra <= len(result["kills"]), extra
     assert result["promised_steps"] <= result["counted"] <= int(final["iterations"]), result["counted"]
@@ -119,7 +118,7 @@ def test_async_loses_a_random_worker_every_7_s_and_the_launcher_restarts_it():
     assert len(result["kills"]) >= 2, result["output"][-4000:]
     final = check(result, numpy_reference_accuracies(steps, 16, 0.3))
     assert result["output"].count("restarting it at 127.0.0.1") == len(result["kills"])
-    # Counted on the ps: exactly once per step but for the window check() describes.
+    # Counted on the ps, at least once per step (the window check() describes).
     assert 16 * steps <= int(final["samples"]) <= 16 * (steps + len(result["kills"])), final
 
 

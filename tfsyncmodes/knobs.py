@@ -144,10 +144,11 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("delay_compensation", "off", Number(float, 0.0, 1e3, above=True, **_OFF),
          "DC-ASGD: correct each gradient g computed on weights w_read and applied to w_now with "
          "g + LAMBDA * g * g * (w_now - w_read) (the paper uses 0.04).", modes("async")),
-    Knob("exactly_once", True, Boolean(),
-         "Apply each async step once: a step whose worker is lost after its update landed is "
-         "skipped when the coordinator runs it again (one more read and write of the parameter "
-         "servers per step; false: at least once).", modes("async")),
+    Knob("skip_applied_reruns", False, Boolean(),
+         "Async: mark each step on the parameter servers once its writes have landed, and skip "
+         "the coordinator's re-run of a marked step (its worker lost before it reported). Not "
+         "exactly once: a worker lost while its writes are in flight still has the step applied "
+         "twice. Costs a read and a write of the servers per step.", modes("async")),
     # --- hybrid ---
     Knob("group_size", "host", Number(int, 1, 1 << 20, words=("host",), old={0: "host"}),
          "Ranks 0..S-1 form group 0, S..2S-1 group 1, ... (host: one group per host).",

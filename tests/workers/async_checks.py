@@ -110,7 +110,7 @@ def main(outdir, scenarios):
 def abort_after(step_id_to_lose, fired):
     """Wraps AppliedSteps.run (and AtLeastOnce.run): after the step with that id has run (update
     landed, step marked), its worker aborts, once in the run (`fired`, on the parameter server).
-    With --sync_exactly_once=false every step id is 0, so the first step's worker aborts."""
+    With --sync_skip_applied_reruns=false every step id is 0, so the first step's worker aborts."""
     import tensorflow as tf
 
     from tfsyncmodes.keras import once
@@ -149,8 +149,8 @@ def lost_after_update(outdir, strategy, keras, dataset_fn):
         model.compile(optimizer=optimizer, jit_compile=False, metrics=["mean_absolute_error"],
                       loss=lambda y_true, y_pred: tf.reduce_mean(y_pred))
         fired = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_fired")
-    exactly_once = strategy.config.exactly_once
-    abort_after(ABORT_AT if exactly_once else 0, fired)
+    skip_applied_reruns = strategy.config.skip_applied_reruns
+    abort_after(ABORT_AT if skip_applied_reruns else 0, fired)
     history = strategy.fit(model, lambda context: dataset_fn(context).map(
         lambda features, labels: (features, tf.cast(labels, tf.float32))),
         epochs=2, steps_per_epoch=ONCE_STEPS, verbose=0)
@@ -160,7 +160,7 @@ def lost_after_update(outdir, strategy, keras, dataset_fn):
     np.savez(os.path.join(outdir, "lost_after_update.npz"), kernel=np.asarray(model.get_weights()[0]),
              x=data()[0], steps=2 * ONCE_STEPS, lr=ONCE_LR, batch=BATCH, metric_count=count,
              iterations=int(np.asarray(optimizer.iterations)), fired=int(fired.numpy()),
-             exactly_once=exactly_once,
+             skip_applied_reruns=skip_applied_reruns,
              history_loss=np.array(history.history["loss"]))
 
 

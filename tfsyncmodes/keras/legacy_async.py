@@ -9,9 +9,9 @@ which under concurrent workers misses the updates that landed after it. The step
 ``staleness`` is therefore kept in a variable too and reported by ``get_metrics_result``, and
 so is the epoch's count of updates dropped by ``--sync_max_staleness`` (``dropped_updates``).
 
-tf_keras schedules ``model.train_function`` once per step; here it carries a step id, so a step
-the coordinator runs again after a lost worker is applied once
-(:class:`~tfsyncmodes.keras.once.AppliedSteps`; with ``steps_per_execution`` 1, its default).
+tf_keras schedules ``model.train_function`` once per step; here it carries a step id, so that
+with ``--sync_skip_applied_reruns`` a step the coordinator runs again after its writes landed is
+skipped (:class:`~tfsyncmodes.keras.once.AppliedSteps`; with ``steps_per_execution`` 1, its default).
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
         if not steps_per_epoch:
             once = None  # tf_keras refuses this strategy without it
         else:
-            once = AppliedSteps(steps_per_epoch) if strategy.config.exactly_once else AtLeastOnce()
+            once = AppliedSteps(steps_per_epoch) if strategy.config.skip_applied_reruns else AtLeastOnce()
 
     def train_step(data):
         read = optimizer.begin_step()

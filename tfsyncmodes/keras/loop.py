@@ -122,8 +122,9 @@ class CoordinatorRunner(StepRunner):
     Steps run asynchronously; the epoch's results are fetched when it ends, so the loss is the
     exact mean over the epoch's examples (like every compiled metric, read from its atomically
     updated state once every step is done), the staleness statistics cover every update whose
-    worker reported it, and ``steps`` counts the steps. A step the coordinator runs again after
-    a lost worker is applied once (:class:`~tfsyncmodes.keras.once.AppliedSteps`).
+    worker reported it, and ``steps`` counts the steps. With ``--sync_skip_applied_reruns`` a
+    step the coordinator runs again after its writes landed is skipped
+    (:class:`~tfsyncmodes.keras.once.AppliedSteps`).
     """
 
     def __init__(self, strategy, dataset_fn: Callable):
@@ -137,8 +138,8 @@ class CoordinatorRunner(StepRunner):
             if not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
             # fit_loop waits for every step at an epoch's end: at most an epoch's steps in flight.
-            exactly_once = self.strategy.config.exactly_once
-            self._once = AppliedSteps(steps_per_epoch) if exactly_once else AtLeastOnce()
+            skip_applied_reruns = self.strategy.config.skip_applied_reruns
+            self._once = AppliedSteps(steps_per_epoch) if skip_applied_reruns else AtLeastOnce()
         make_metrics_atomic(model)
         self._model = model
         self._iterator = iter(self.strategy.distribute_datasets_from_function(self.dataset_fn))
@@ -175,10 +176,10 @@ class CoordinatorRunner(StepRunner):
         applied = np.array([int(np.asarray(r["applied"])) for r in results], bool)
         if not applied.all():
             logging.warning("%d step(s) of this epoch had landed before their worker was lost; "
-                         "the coordinator's re-runs found them applied and skipped them",
-                         int((~applied).sum()))
-        # Each step's update is applied once; a count that differs is a worker lost while its
-        # gradients were part-way to the parameter servers (see keras/once.py).
+                            "the coordinator's re-runs found them applied and skipped them",
+                            int((~applied).sum()))
+        # A worker lost after its update landed and before it reported has its step applied
+        # again (unless --sync_skip_applied_reruns caught it): the count is one too many.
         executed = self._count_at_epoch_start + len(results)
         counted = int(np.asarray(self._optimizer.iterations))
         if counted != executed:

@@ -1,4 +1,4 @@
-"""Each async step's update applied once, however often the coordinator runs the step.
+"""A re-run of an async step whose writes already landed is skipped (``--sync_skip_applied_reruns``).
 
 ``ClusterCoordinator`` runs a scheduled step at least once: when a worker is lost before it
 reports, the step is put back and run again on another worker. If the lost worker's update had
@@ -23,9 +23,11 @@ transfer of the step's writes, milliseconds, not the step.
 
 The check wraps ``strategy.run`` in the worker's function (cross-replica context): the
 optimizers' distributed update paths refuse a conditional inside the replica function. It
-costs one read of the parameter servers before a step writes and one write after (1.2-1.5 ms
-a step on loopback, in BENCHMARKS.md); ``--sync_exactly_once=false`` gives the coordinator's
-at least once back (:class:`AtLeastOnce`).
+costs one read of the parameter servers before a step writes and one write after (1.4-1.8 ms
+a step on loopback, in BENCHMARKS.md). It is off by default (:class:`AtLeastOnce`): in chaos
+runs that killed random workers, every re-applied step came from the window above (its writes
+part-way), none from a worker lost after its mark, so the check did not lower the count there.
+Exactly once needs a step's writes to land as one unit on the parameter servers.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ def _resources(variable):
 
 
 class AtLeastOnce:
-    """No check: every run of a step applies it (``--sync_exactly_once=false``)."""
+    """No check: every run of a step applies it (the default; the coordinator's at least once)."""
 
     skipped = None
 
@@ -107,8 +109,9 @@ class AppliedSteps:
 
         def apply():
             outputs = step(*computed)
-            with tf.control_dependencies(tf.nest.flatten(outputs)):
-                marked = self.mark(step_id, written())
+            # The mark waits for the writes only (not for the outputs, which may read the
+            # parameter servers again): the sooner it lands, the narrower the window left.
+            marked = self.mark(step_id, written())
             with tf.control_dependencies([marked]):
                 outputs = tf.nest.map_structure(tf.identity, outputs)
             traced["outputs"] = outputs
