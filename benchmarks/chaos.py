@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 from statistics import median
@@ -40,6 +41,7 @@ def parse(argv):
                         help="sync, hybrid: the ranks start through python -m tfsyncmodes_warm (warm joins)")
     parser.add_argument("--baseline", action="store_true", help="also undisturbed runs (interval 'none')")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--knobs", default="", help="KEY=VALUE,...: knobs for the job (TFSYNC_KEY)")
     parser.add_argument("--report_only", default="",
                         help="comma-separated JSON files of earlier runs: print their table and plot them together")
     parser.add_argument("--out", default="chaos.json")
@@ -60,19 +62,32 @@ def accuracy(final):
     return float(((x @ final["kernel"] + final["bias"]).argmax(axis=1) == y).mean())
 
 
+def knob_settings(text: str) -> dict:
+    """{key: value} of ``KEY=VALUE,...``."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    if any(len(pair) != 2 or not pair[0] for pair in pairs):
+        sys.exit(f"chaos: error: flag: --knobs: {text!r} is not KEY=VALUE,...; e.g. --knobs=skip_applied_reruns=true")
+    return dict(pairs)
+
+
 def one_run(args, mode, interval, repeat):
     window = None if interval is None else (interval * (1 - args.spread), interval * (1 + args.spread))
     result = chaos_driver.run(mode, interval=window, seed=1000 * repeat + int(interval or 0),
                               epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
                               step_ms=args.step_ms, commit=args.commit,
                               collective_timeout=args.collective_timeout, timeout=args.timeout,
-                              warm=args.warm)
+                              warm=args.warm, knobs=knob_settings(args.knobs))
     final = result.get("final")
     row = {k: result.get(k) for k in ("mode", "seed", "status", "promised_steps", "counted", "rolled_back",
                                       "goodput", "pace", "train_seconds", "wall_seconds", "startup_seconds",
                                       "kills", "recoveries", "leftovers")}
     if args.warm and mode != "async":
         row["mode"] = f"{mode}, warm joins"
+    if args.knobs:
+        row["mode"] = f"{row['mode']}, {args.knobs}"
+    # Re-runs the chief found applied and skipped (--sync_skip_applied_reruns), from its log.
+    row["skipped_reruns"] = sum(int(n) for n in re.findall(
+        r"(\d+) step\(s\) (?:of this epoch )?had landed", result.get("output", "")))
     row.update(interval=interval, repeat=repeat, accuracy=accuracy(final),
                iterations=None if final is None else int(final["iterations"]),
                samples=None if final is None else int(final["samples"]))

@@ -21,13 +21,13 @@ from tfsync_testbed import localrun
 def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs: int = 10,
         steps_per_epoch: int = 100, step_ms: float = 50.0, commit: int = 10, collective_timeout: float = 5,
         max_kills: Optional[int] = None, quiet_tail: float = 0.15, timeout: float = 900,
-        python: str = sys.executable, warm: bool = False) -> dict:
+        python: str = sys.executable, warm: bool = False, knobs: Optional[dict] = None) -> dict:
     """A chaos run of `mode` ("sync", "hybrid" or "async"); `interval` (low, high) seconds between kills,
     None for an undisturbed run. No kill comes before the first step or once the job is within
     `quiet_tail` of its promised steps (so that each failure has its recovery inside the run);
     in sync and hybrid, none until the world has its every rank again and has finished a step.
     `python` is the interpreter of the job's processes; `warm`: sync's and hybrid's ranks start
-    through ``tfsyncmodes_warm``. Returns the analysis, the kills, the
+    through ``tfsyncmodes_warm``; `knobs`: {key: value} set as ``TFSYNC_KEY``. Returns the analysis, the kills, the
     final state the chief wrote, and what was left behind (every process of the run is killed
     and its temporary directory removed in any case)."""
     if mode not in chaoslib.MODES:
@@ -42,7 +42,7 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
         log = open(os.path.join(work, "output.log"), "w+", encoding="utf-8", errors="replace")
         job = subprocess.Popen(
             chaoslib.command(mode, work, epochs, steps_per_epoch, step_ms, budget, python, warm),
-            cwd=chaoslib.REPO, env=chaoslib.environment(mode, run_id, commit, collective_timeout), stdout=log,
+            cwd=chaoslib.REPO, env=chaoslib.environment(mode, run_id, commit, collective_timeout, knobs), stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True)
         kills, victims, status = [], [], None
         try:

@@ -34,7 +34,7 @@ import re
 import socket
 import stat
 import sys
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -87,7 +87,9 @@ def command(mode: str, work: str, epochs: int, steps_per_epoch: int, step_ms: fl
         "--blacklist-cooldown-range", "1", "4", *worker]
 
 
-def environment(mode: str, run_id: str, commit: int, collective_timeout: float = 5) -> Dict[str, str]:
+def environment(mode: str, run_id: str, commit: int, collective_timeout: float = 5,
+                knobs: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The job's environment; `knobs` ({key: value}) as ``TFSYNC_KEY=value`` on top."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TFSYNC_", "HOROVOD_", "OMPI_", "PMI_")) and k != "TF_CONFIG"}
     env.update(PYTHONPATH=os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p),
@@ -107,6 +109,7 @@ def environment(mode: str, run_id: str, commit: int, collective_timeout: float =
             env.update(TFSYNC_PERIOD=str(max(1, commit // 2)))
     else:  # plain SGD, as the NumPy reference trains it
         env.update(TFSYNC_STALENESS_AWARE_LR="false")
+    env.update({f"TFSYNC_{key.upper()}": value for key, value in (knobs or {}).items()})
     return env
 
 
