@@ -52,6 +52,7 @@ def parse(argv):
         if mode not in chaoslib.MODES:
             parser.error(f"--modes: {mode!r}: chaos runs exist for {', '.join(chaoslib.MODES)}")
     args.intervals = [float(i) for i in args.interval.split(",") if i]
+    knob_settings(args.knobs)  # bad input stops here, before any run
     return args
 
 
@@ -63,10 +64,12 @@ def accuracy(final):
 
 
 def knob_settings(text: str) -> dict:
-    """{key: value} of ``KEY=VALUE,...``."""
+    """{key: value} of ``KEY=VALUE,...``; anything else is one line and exit status 2."""
     pairs = [item.split("=", 1) for item in text.split(",") if item]
     if any(len(pair) != 2 or not pair[0] for pair in pairs):
-        sys.exit(f"chaos: error: flag: --knobs: {text!r} is not KEY=VALUE,...; e.g. --knobs=skip_applied_reruns=true")
+        sys.stderr.write(f"chaos: error: flag: --knobs: {text!r} is not KEY=VALUE,...; "
+                         "e.g. --knobs=skip_applied_reruns=true\n")
+        sys.exit(2)
     return dict(pairs)
 
 
