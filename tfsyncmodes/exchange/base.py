@@ -161,3 +161,10 @@ def densify(grad):
     if isinstance(grad, tf.IndexedSlices):
         return tf.convert_to_tensor(grad)
     return grad
+
+
+def optimizer_variables(optimizer) -> List:
+    """An optimizer's variables as a list: Keras 3 and tf_keras' property, or the older
+    optimizers' method; none for no optimizer."""
+    variables = getattr(optimizer, "variables", ()) if optimizer is not None else ()
+    return list((variables() if callable(variables) else variables) or ())

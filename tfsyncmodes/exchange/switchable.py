@@ -25,13 +25,13 @@ Model weights and the inner optimizer's state otherwise carry over untouched.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import communicators
-from tfsyncmodes.exchange.base import Chain, Part, reuse_state
+from tfsyncmodes.exchange.base import Chain, Part, optimizer_variables, reuse_state
 from tfsyncmodes.exchange.clock import ComputeClock
 from tfsyncmodes.exchange.policies import CrossGroupPolicy
 
@@ -134,14 +134,14 @@ class SwitchableExchange(Chain):
     def _average_inner_state(self) -> None:
         """The inner optimizer's float variables, averaged over all ranks."""
         own = {id(v) for v in self.state_variables()}
-        variables = [v for v in _variables_of(self.inner_optimizer)
+        variables = [v for v in optimizer_variables(self.inner_optimizer)
                      if id(v) not in own and tf.as_dtype(v.dtype).is_floating]
         if variables and communicators.horovod_world()[1] > 1:
             communicators.assign_world_mean(variables, "tfsync.switch.optimizer_state")
         # Groups that ran speed-proportional local steps counted different steps: every rank
         # continues from the most steps any rank ran (learning-rate schedules and Adam's bias
         # correction then agree on every rank).
-        counters = [v for v in _variables_of(self.inner_optimizer)
+        counters = [v for v in optimizer_variables(self.inner_optimizer)
                     if id(v) not in own and tf.as_dtype(v.dtype).is_integer and "iter" in v.name]
         if counters and communicators.horovod_world()[1] > 1:
             for counter in counters:
@@ -159,7 +159,3 @@ def _cross_group_policies(exchange: Chain) -> list:
     """The cross-group policies of `exchange` that exchange with other groups."""
     return [p for p in exchange.find(CrossGroupPolicy) if p.active]
 
-
-def _variables_of(optimizer) -> Sequence:
-    variables = getattr(optimizer, "variables", ()) if optimizer is not None else ()
-    return list((variables() if callable(variables) else variables) or ())

@@ -19,13 +19,9 @@ import tensorflow as tf
 import tf_keras
 from absl import logging
 
+from tfsyncmodes.exchange.base import optimizer_variables
 from tfsyncmodes.exchange.remedies import StaleUpdateDrop
 from tfsyncmodes.keras.once import AppliedSteps, AtLeastOnce
-
-
-def _variables_of(obj):
-    variables = obj.variables
-    return list(variables() if callable(variables) else variables)
 
 
 def applied_once(model, once, extra=()):
@@ -43,7 +39,7 @@ def applied_once(model, once, extra=()):
 
         def written():
             metrics = [v for metric in model.metrics for v in metric.variables]
-            return [*model.variables, *_variables_of(model.optimizer), *metrics,
+            return [*model.variables, *optimizer_variables(model.optimizer), *metrics,
                     model._train_counter, *extra]
 
         @tf.function

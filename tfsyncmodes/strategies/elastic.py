@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsyncmodes.exchange import communicators
+from tfsyncmodes.exchange.base import optimizer_variables
 from tfsyncmodes.keras.compat import build_optimizer, keras
 from tfsyncmodes.strategies.step_deadline import StepDeadline
 
@@ -37,11 +38,6 @@ DEADLINE_TIMEOUTS = 4  # a step may last this many collective timeouts (StepDead
 # others' tracing (a hybrid job's exchange is traced at its first round, past the untimed steps);
 # at a 2 s collective timeout, 8 s ended three ranks of a 4-rank hybrid chaos run that way.
 DEADLINE_FLOOR_S = 30.0
-
-
-def optimizer_variables(optimizer) -> list:
-    variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)
 
 
 @contextlib.contextmanager
