@@ -107,10 +107,12 @@ def main(outdir, scenarios):
         lost_after_update(outdir, strategy, keras, dataset_fn)
 
 
-def abort_after(step_id_to_lose, fired):
+def abort_after(step_id_to_lose, fired, claims):
     """Wraps AppliedSteps.run (and AtLeastOnce.run): after the step with that id has run (update
     landed, step marked), its worker aborts, once in the run (`fired`, on the parameter server).
-    With --sync_skip_applied_reruns=false every step id is 0, so the first step's worker aborts."""
+    With --sync_skip_applied_reruns=false every step id is 0, so the first step's worker aborts.
+    Two workers can reach that step at once: `claims` (an atomic increment on the parameter
+    server) lets only the first abort."""
     import tensorflow as tf
 
     from tfsyncmodes.keras import once
@@ -126,9 +128,13 @@ def abort_after(step_id_to_lose, fired):
             with tf.control_dependencies([aborted]):
                 return tf.constant(0)
 
+        def claim():
+            first = tf.equal(claims.assign_add(1), 1)
+            return tf.cond(first, abort, lambda: tf.constant(0))
+
         with tf.control_dependencies(tf.nest.flatten(outputs)):
             lose = tf.logical_and(tf.equal(step_id, step_id_to_lose), tf.equal(fired.read_value(), 0))
-            done = tf.cond(lose, abort, lambda: tf.constant(0))
+            done = tf.cond(lose, claim, lambda: tf.constant(0))
         with tf.control_dependencies([done]):
             return tf.nest.map_structure(tf.identity, outputs)
 
@@ -149,8 +155,9 @@ def lost_after_update(outdir, strategy, keras, dataset_fn):
         model.compile(optimizer=optimizer, jit_compile=False, metrics=["mean_absolute_error"],
                       loss=lambda y_true, y_pred: tf.reduce_mean(y_pred))
         fired = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_fired")
+        claims = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_claims")
     skip_applied_reruns = strategy.config.skip_applied_reruns
-    abort_after(ABORT_AT if skip_applied_reruns else 0, fired)
+    abort_after(ABORT_AT if skip_applied_reruns else 0, fired, claims)
     history = strategy.fit(model, lambda context: dataset_fn(context).map(
         lambda features, labels: (features, tf.cast(labels, tf.float32))),
         epochs=2, steps_per_epoch=ONCE_STEPS, verbose=0)
