@@ -80,18 +80,16 @@ def test_slow_worker_runs_a_smaller_share_of_the_steps(tmp_path):
     assert int(counter["iterations"]) == int(counter["scheduled"])
 
 
-@pytest.mark.timeout(260)
-@pytest.mark.parametrize("skip_applied_reruns", [True, False], ids=["skip_applied_reruns", "at_least_once"])
-@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
-def test_a_step_whose_worker_is_lost_after_its_update_landed_is_applied_once(tmp_path, legacy, skip_applied_reruns):
+def run_lost(tmp_path, scenario, legacy, skip_applied_reruns=True):
+    """Runs the linear-loss fit whose worker of one step dies; checks the update count in NumPy."""
     # Without staleness-aware scaling every update is lr x the gradient, whichever worker made it.
     env = {"TFSYNC_STALENESS_AWARE_LR": "false", "TFSYNC_SKIP_APPLIED_RERUNS": str(skip_applied_reruns).lower(),
            **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {})}
     cluster = Cluster(["--workers", "2", "--ps", "1", "--timeout", "200", "--tolerate_worker_loss"],
-                      [PYTHON, CHECKS, str(tmp_path), "lost_after_update"], **env)
+                      [PYTHON, CHECKS, str(tmp_path), scenario], **env)
     assert cluster.finish(220) == 0, cluster.output[-6000:]
-    saved = np.load(tmp_path / "lost_after_update.npz")
-    # The step's worker really died (SIGABRT) after the update, and the coordinator ran it again.
+    saved = np.load(tmp_path / f"{scenario}.npz")
+    # The step's worker really died (SIGABRT), and the coordinator ran the step again.
     assert int(saved["fired"]) == 1 and bool(saved["skip_applied_reruns"]) == skip_applied_reruns
     assert re.search(r"\[launch\] worker:\d exited with status -6", cluster.output), cluster.output[-6000:]
     steps, lr = int(saved["steps"]), np.float32(saved["lr"])
@@ -109,4 +107,32 @@ def test_a_step_whose_worker_is_lost_after_its_update_landed_is_applied_once(tmp
         assert int(saved["iterations"]) == steps
         # The lost step is in the second epoch: its metric counted each of its examples once.
         assert float(saved["metric_count"]) == steps // 2 * int(saved["batch"])
+    return cluster
+
+
+@pytest.mark.timeout(260)
+@pytest.mark.parametrize("skip_applied_reruns", [True, False], ids=["skip_applied_reruns", "at_least_once"])
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
+def test_a_step_whose_worker_is_lost_after_its_update_landed_is_applied_once(tmp_path, legacy, skip_applied_reruns):
+    cluster = run_lost(tmp_path, "lost_after_update", legacy, skip_applied_reruns)
+    if skip_applied_reruns:
         assert "found them applied and skipped them" in cluster.output
+
+
+@pytest.mark.timeout(260)
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
+def test_a_worker_lost_while_sending_its_step_leaves_nothing_of_it_written(tmp_path, legacy):
+    # Its gradient reached the parameter server, the rest of the step's values never did: no
+    # write of the step began, nothing was marked, and the re-run applied it once.
+    cluster = run_lost(tmp_path, "lost_sending", legacy)
+    assert "found them applied and skipped them" not in cluster.output
+    assert "not one unit" not in cluster.output
+
+
+@pytest.mark.timeout(260)
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
+def test_a_worker_lost_while_its_step_is_written_has_it_finished_by_the_server(tmp_path, legacy):
+    # The server held every value of the step when its worker died: it finished the writes and
+    # the mark on its own, and the coordinator's re-run found the step applied.
+    cluster = run_lost(tmp_path, "lost_writing", legacy)
+    assert "found them applied and skipped them" in cluster.output

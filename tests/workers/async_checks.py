@@ -19,6 +19,13 @@ Scenarios (each with a model of its own, in the same cluster):
   ABORT_AT aborts (``tf.raw_ops.Abort``, the process dies with SIGABRT) once that step's update
   is on the parameter server and before it reports: the coordinator runs the step again on the
   other worker. Saves the kernel, the counts and the re-runs found applied.
+* ``lost_sending`` (with ``--sync_skip_applied_reruns``): the same fit, but the worker running
+  step ABORT_AT aborts once its gradient is on the parameter server, before the rest of the
+  values its step's writes need leave it (they wait for the abort): the step's writes must
+  not have begun.
+* ``lost_writing`` (the same): that worker aborts once the parameter server holds every value
+  of its step's writes, while the server makes them: the server must finish them and the mark
+  without it, so that the coordinator's re-run is skipped.
 """
 import os
 import sys
@@ -103,8 +110,9 @@ def main(outdir, scenarios):
         np.savez(os.path.join(outdir, "early_stopping.npz"), epochs=len(history.history["loss"]),
                  iterations=int(np.asarray(optimizer.iterations)), steps_per_epoch=5)
 
-    if "lost_after_update" in scenarios:
-        lost_after_update(outdir, strategy, keras, dataset_fn)
+    for name in ("lost_after_update", "lost_sending", "lost_writing"):
+        if name in scenarios:
+            linear_fit(outdir, strategy, keras, dataset_fn, name)
 
 
 def abort_after(step_id_to_lose, fired, claims):
@@ -141,7 +149,69 @@ def abort_after(step_id_to_lose, fired, claims):
     once.AppliedSteps.run = once.AtLeastOnce.run = run
 
 
-def lost_after_update(outdir, strategy, keras, dataset_fn):
+def abort_once(step_id_to_lose, fired, claims, message):
+    """An op that aborts this worker if it runs step `step_id_to_lose` and is the first to."""
+    import tensorflow as tf
+
+    def abort():
+        with tf.control_dependencies([fired.assign(1)]):
+            aborted = tf.raw_ops.Abort(error_msg=message)
+        # Abort is not stateful: a stateful op after it keeps it when nothing waits for the cond.
+        with tf.control_dependencies([aborted]):
+            claims.assign_add(0, read_value=False)
+            return tf.constant(0)
+
+    def claim():
+        return tf.cond(tf.equal(claims.assign_add(1), 1), abort, lambda: tf.constant(0))
+
+    step_id = tracing_step_id()
+    lose = tf.logical_and(tf.equal(step_id, step_id_to_lose), tf.equal(fired.read_value(), 0))
+    return tf.cond(lose, claim, lambda: tf.constant(0))
+
+
+def tracing_step_id():
+    from tfsyncmodes.keras import once
+    return once.AppliedSteps._traced_step_id
+
+
+def abort_while_unit(step_id_to_lose, fired, claims, when):
+    """Wraps AppliedSteps.on_ps (and run, to know which step is traced): the worker of step
+    `step_id_to_lose` aborts `when` = "sending" (its gradients are on the parameter server and
+    the rest of the unit's values wait for the abort) or "writing" (the server holds them all)."""
+    import tensorflow as tf
+
+    from tfsyncmodes.keras import once
+
+    run, on_ps = once.AppliedSteps.run, once.AppliedSteps.on_ps
+
+    def traced_run(self, step_id, *args, **kwargs):
+        once.AppliedSteps._traced_step_id = step_id
+        return run(self, step_id, *args, **kwargs)
+
+    def sending(self, writes, grads, *rest):
+        first = [g for g in tf.nest.flatten(grads) if g is not None][0]
+        with tf.device(self.ring.device):
+            held = tf.reduce_sum(first)  # this op needs the gradient on the server
+        with tf.control_dependencies([held]):
+            done = abort_once(step_id_to_lose, fired, claims, "lost sending its step's values")
+        with tf.control_dependencies([done]):
+            rest = tf.nest.map_structure(lambda t: None if t is None else tf.identity(t), rest)
+        return on_ps(self, writes, grads, *rest)
+
+    def writing(self, writes, *values):
+        def writes_and_abort(*held):  # on the server, once every value is there
+            first = [v for v in tf.nest.flatten(held) if v is not None][0]
+            with tf.device(None):  # the worker's; stateful, so it runs though nothing waits for it
+                with tf.control_dependencies([first]):
+                    abort_once(step_id_to_lose, fired, claims, "lost while its step is written")
+            return writes(*held)
+        return on_ps(self, writes_and_abort, *values)
+
+    once.AppliedSteps.run = traced_run
+    once.AppliedSteps.on_ps = sending if when == "sending" else writing
+
+
+def linear_fit(outdir, strategy, keras, dataset_fn, name):
     import tensorflow as tf
 
     import tfsyncmodes
@@ -157,14 +227,17 @@ def lost_after_update(outdir, strategy, keras, dataset_fn):
         fired = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_fired")
         claims = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_claims")
     skip_applied_reruns = strategy.config.skip_applied_reruns
-    abort_after(ABORT_AT if skip_applied_reruns else 0, fired, claims)
+    if name == "lost_after_update":
+        abort_after(ABORT_AT if skip_applied_reruns else 0, fired, claims)
+    else:
+        abort_while_unit(ABORT_AT, fired, claims, name[len("lost_"):])
     history = strategy.fit(model, lambda context: dataset_fn(context).map(
         lambda features, labels: (features, tf.cast(labels, tf.float32))),
         epochs=2, steps_per_epoch=ONCE_STEPS, verbose=0)
     metric = [leaf for m in model.metrics for leaf in (getattr(m, "metrics", None) or [m])
               if leaf.name == "mean_absolute_error"][0]
     count = [float(np.asarray(v)) for v in metric.variables if "count" in v.name][0]
-    np.savez(os.path.join(outdir, "lost_after_update.npz"), kernel=np.asarray(model.get_weights()[0]),
+    np.savez(os.path.join(outdir, name + ".npz"), kernel=np.asarray(model.get_weights()[0]),
              x=data()[0], steps=2 * ONCE_STEPS, lr=ONCE_LR, batch=BATCH, metric_count=count,
              iterations=int(np.asarray(optimizer.iterations)), fired=int(fired.numpy()),
              skip_applied_reruns=skip_applied_reruns,

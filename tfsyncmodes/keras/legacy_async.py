@@ -12,8 +12,12 @@ so is the epoch's count of updates dropped by ``--sync_max_staleness`` (``droppe
 tf_keras schedules ``model.train_function`` once per step; here it carries a step id, so that
 with ``--sync_skip_applied_reruns`` a step the coordinator runs again after its writes landed is
 skipped (:class:`~tfsyncmodes.keras.once.AppliedSteps`; with ``steps_per_execution`` 1, its default).
+Then a model that keeps tf_keras' own ``train_step`` and ``compute_loss`` trains with
+:func:`one_unit_train_step`, whose writes land as one unit on the parameter server.
 """
 from __future__ import annotations
+
+import contextlib
 
 import tensorflow as tf
 import tf_keras
@@ -53,6 +57,63 @@ def applied_once(model, once, extra=()):
     return make_train_function
 
 
+@contextlib.contextmanager
+def _muted(metrics):
+    """While traced inside this block, the metrics' ``update_state`` does nothing."""
+    saved = [(metric, metric.__dict__.get("update_state")) for metric in metrics]
+    for metric, _ in saved:
+        metric.update_state = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        for metric, update_state in saved:
+            if update_state is None:
+                del metric.update_state
+            else:
+                metric.update_state = update_state
+
+
+def keeps_default_step(model) -> bool:
+    """Whether `model` trains with tf_keras' own ``train_step`` and ``compute_loss`` (compiled)."""
+    base = tf_keras.Model
+    return (type(model).train_step is base.train_step and type(model).compute_loss is base.compute_loss
+            and getattr(model, "compiled_loss", None) is not None)
+
+
+def one_unit_train_step(model, once, record):
+    """tf_keras' ``Model.train_step`` (forward, loss, gradients, update, metrics) with the
+    update, the metrics and ``record(logs)`` (the step's own counters) made by
+    :meth:`AppliedSteps.on_ps <tfsyncmodes.keras.once.AppliedSteps.on_ps>` as one unit on the
+    parameter server. tf_keras' compiled loss updates its loss metrics as it computes the
+    loss; those updates are held back from the forward pass and made in the unit, from the
+    same targets, predictions and regularization losses."""
+    optimizer = model.optimizer
+    container = model.compiled_loss
+    loss_metrics = [m for m in [getattr(container, "_total_loss_mean", None),
+                                *(getattr(container, "_per_output_metrics", None) or [])] if m is not None]
+
+    def train_step(data):
+        x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
+        variables = model.trainable_variables
+        read = optimizer.begin_step()
+        with tf.control_dependencies([read]), _muted(loss_metrics):
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss = model.compute_loss(x, y, y_pred, sample_weight)
+            regularization = list(model.losses)
+        model._validate_target_and_loss(y, loss)
+        grads = [g for g, _ in optimizer.compute_gradients(loss, variables, tape=tape)]
+
+        def writes(grads, y, y_pred, sample_weight, regularization):
+            optimizer.apply_gradients(zip(grads, variables))
+            container(y, y_pred, sample_weight, regularization_losses=regularization)
+            return record(model.compute_metrics(x, y, y_pred, sample_weight))
+
+        return once.on_ps(writes, grads, y, y_pred, sample_weight, regularization)
+
+    return train_step
+
+
 def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verbose):
     optimizer = model.optimizer
     if not hasattr(optimizer, "begin_step"):
@@ -70,12 +131,11 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
         if not steps_per_epoch:
             once = None  # tf_keras refuses this strategy without it
         else:
-            once = AppliedSteps(steps_per_epoch) if strategy.config.skip_applied_reruns else AtLeastOnce()
+            once = (AppliedSteps(steps_per_epoch, strategy.cluster.num_tasks("ps"))
+                    if strategy.config.skip_applied_reruns else AtLeastOnce())
 
-    def train_step(data):
-        read = optimizer.begin_step()
-        with tf.control_dependencies([read]):
-            logs = original_train_step(data)
+    def record(logs):
+        """The step's staleness, and its dropped update if any, in their variables."""
         staleness = tf.cast(optimizer.step_staleness, tf.int64)
         with tf.control_dependencies([last_staleness.assign(staleness)]):
             logs["staleness"] = tf.identity(staleness)
@@ -84,6 +144,20 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
             with tf.control_dependencies([epoch_dropped.assign_add(dropped, read_value=False)]):
                 logs["dropped_updates"] = tf.identity(dropped)
         return logs
+
+    def plain_train_step(data):
+        read = optimizer.begin_step()
+        with tf.control_dependencies([read]):
+            logs = original_train_step(data)
+        return record(logs)
+
+    train_step = plain_train_step
+    if getattr(once, "one_unit", False) and keeps_default_step(model):
+        train_step = one_unit_train_step(model, once, record)
+    elif once is not None and not isinstance(once, AtLeastOnce):
+        logging.warning("skip_applied_reruns: a step's writes are not one unit here (%s): a worker "
+                        "lost while they are in flight can still have its step applied twice",
+                        "several ps tasks" if not once.one_unit else "the model has its own train_step")
 
     def get_metrics_result():
         results = original_metrics_result()

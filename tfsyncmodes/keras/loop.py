@@ -76,7 +76,8 @@ class StrategyRunner(StepRunner):
 def async_gradients(model, data):
     """An async step's forward and backward pass on a worker: the variables' version is read
     before the forward pass, so the optimizer can tell how stale the update is when it writes.
-    Returns what :func:`async_apply` needs; nothing is written yet."""
+    Returns what :func:`async_apply` needs (the gradients, then what the metrics need, the
+    batch's size among it) and the inputs `x`; nothing is written yet."""
     import keras
 
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -86,25 +87,28 @@ def async_gradients(model, data):
             y_pred = model(x, training=True)
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
         grads = tape.gradient(loss, model.trainable_variables)
-    return grads, (x, y, y_pred, sample_weight, loss)
+    batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
+    return grads, (y, y_pred, sample_weight, loss, batch_size), x
 
 
-def async_apply(model, grads, batch):
-    """An async step's writes: the update and the metrics."""
-    x, y, y_pred, sample_weight, loss = batch
+def async_apply(model, grads, batch, x=None):
+    """An async step's writes: the update and the metrics (`x` goes to ``compute_metrics``,
+    which ignores it unless a model overrides it)."""
+    y, y_pred, sample_weight, loss, batch_size = batch
     optimizer = model.optimizer
     optimizer.apply(grads, model.trainable_variables)
     # The metric state (made atomic by make_metrics_atomic) is read when the epoch ends.
     for metric in model.metrics:
         if metric.name == "loss":  # Keras' loss tracker, weighted by the batch size as in fit
-            metric.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
+            metric.update_state(loss, sample_weight=batch_size)
     model.compute_metrics(x, y, y_pred, sample_weight)
     return {"staleness": optimizer.step_staleness}
 
 
 def async_train_step(model, data):
     """One async update on a worker: :func:`async_gradients`, then :func:`async_apply`."""
-    return async_apply(model, *async_gradients(model, data))
+    grads, batch, x = async_gradients(model, data)
+    return async_apply(model, grads, batch, x)
 
 
 def make_metrics_atomic(model) -> None:
@@ -139,7 +143,12 @@ class CoordinatorRunner(StepRunner):
                 model.optimizer.build(model.trainable_variables)
             # fit_loop waits for every step at an epoch's end: at most an epoch's steps in flight.
             skip_applied_reruns = self.strategy.config.skip_applied_reruns
-            self._once = AppliedSteps(steps_per_epoch) if skip_applied_reruns else AtLeastOnce()
+            self._once = (AppliedSteps(steps_per_epoch, self.strategy.cluster.num_tasks("ps"))
+                          if skip_applied_reruns else AtLeastOnce())
+            if skip_applied_reruns and not self._once.one_unit:
+                logging.warning("skip_applied_reruns: a step's writes are not one unit with several ps "
+                                "tasks: a worker lost while they are in flight can still have its step "
+                                "applied twice")
         make_metrics_atomic(model)
         self._model = model
         self._iterator = iter(self.strategy.distribute_datasets_from_function(self.dataset_fn))
@@ -164,8 +173,13 @@ class CoordinatorRunner(StepRunner):
         `step_id` already landed from a worker lost before it reported."""
         model, tf_strategy = self._model, self.strategy.tf_strategy
         data = next(iterator)
-        return self._once.run(
-            step_id, lambda *computed: tf_strategy.run(lambda *c: async_apply(model, *c), args=computed),
+        once = self._once
+
+        def writes(grads, batch, x):  # with the check, one unit on the parameter server
+            return once.on_ps(lambda g, b: async_apply(model, g, b, x), grads, batch)
+
+        return once.run(
+            step_id, lambda *computed: tf_strategy.run(writes, args=computed),
             written=lambda: [*model.variables, *model.optimizer.variables, *model.metrics_variables],
             inputs=lambda: tf_strategy.run(lambda d: async_gradients(model, d), args=(data,)))
 

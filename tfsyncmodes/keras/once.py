@@ -32,7 +32,7 @@ it. Exactly once needs a step's writes to land as one unit on the parameter serv
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Dict, Iterable
+from typing import Any, Callable, Dict, Iterable
 
 import tensorflow as tf
 
@@ -63,22 +63,58 @@ class AtLeastOnce:
         outputs = step(*(tuple(inputs()) if inputs is not None else ()))
         return {**outputs, "applied": tf.constant(1, tf.int64)}
 
+    def on_ps(self, writes: Callable[..., Any], *values):
+        """``writes(*values)``, as it is (see :meth:`AppliedSteps.on_ps`)."""
+        return writes(*values)
+
 
 class AppliedSteps:
     """A ring of step ids on the parameter servers; create it inside the strategy's scope."""
 
-    def __init__(self, size: int, name: str = "tfsync_applied_steps"):
+    def __init__(self, size: int, servers: int = 1, name: str = "tfsync_applied_steps"):
         if size < 1:
             raise ValueError(f"AppliedSteps needs size >= 1 (the steps in flight), got {size}")
         self.size = size
+        self.servers = servers
         self.ring = tf.Variable(tf.zeros([size], tf.int64), trainable=False, name=name)
         # Re-runs that found their step applied (atomic on the parameter servers).
         self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_skipped")
         self._ids = itertools.count()
+        self._tracing = {}  # while a step is traced: its id, and its copy on the server once gated
 
     def next_id(self) -> tf.Tensor:
         """The id the next scheduled step carries (a scalar, so the function is traced once)."""
         return tf.constant(next(self._ids), tf.int64)
+
+    def on_ps(self, writes: Callable[..., Any], *values):
+        """``writes(*values)`` as one unit on the parameter server (in the replica function).
+
+        Every op `writes` makes is placed on the parameter server that holds the ring (ops on a
+        variable stay with it), and none starts before every tensor in `values` has arrived
+        there: a worker lost before that leaves nothing written, and once it holds them the
+        server needs nothing more from the worker to finish the writes and the mark. Pass
+        everything the writes need from the worker's computation in `values`; a tensor they
+        take from elsewhere is fetched later, outside the unit. With several parameter servers
+        (which cannot send to each other) the writes are not gathered on one, and a step's
+        writes are not one unit (:attr:`one_unit` is False)."""
+        if not self.one_unit:
+            return writes(*values)
+        flat = tf.nest.flatten(values)
+        tensors = [i for i, value in enumerate(flat) if value is not None]
+        # The step's id travels with them: the mark, made after the writes, is the unit's too.
+        step_id = self._tracing.get("step_id")
+        with tf.device(self.ring.device):
+            arrived = tf.identity_n([flat[i] for i in tensors] + ([step_id] if step_id is not None else []))
+            for i, value in zip(tensors, arrived):
+                flat[i] = value
+            if step_id is not None:
+                self._tracing["gated_id"] = arrived[-1]
+            return writes(*tf.nest.pack_sequence_as(values, flat))
+
+    @property
+    def one_unit(self) -> bool:
+        """Whether a step's writes land as one unit (one parameter server)."""
+        return self.servers == 1
 
     def _slot(self, step_id):
         return tf.math.floormod(step_id, self.size)
@@ -91,7 +127,7 @@ class AppliedSteps:
         """Marks `step_id` once each variable in `written` has taken this step's writes (a read
         of each, ordered after its writes by the function's automatic control dependencies)."""
         reads = [r.read_value().op for v in written for r in _resources(v)]
-        with tf.control_dependencies(reads):
+        with tf.device(self.ring.device), tf.control_dependencies(reads):
             return self.ring.scatter_update(tf.IndexedSlices(
                 tf.reshape(step_id + 1, [1]), tf.reshape(self._slot(step_id), [1]))).op
 
@@ -108,10 +144,13 @@ class AppliedSteps:
         computed = tuple(inputs()) if inputs is not None else ()
 
         def apply():
+            self._tracing = {"step_id": step_id}
             outputs = step(*computed)
             # The mark waits for the writes only (not for the outputs, which may read the
-            # parameter servers again): the sooner it lands, the narrower the window left.
-            marked = self.mark(step_id, written())
+            # parameter servers again). Gated with the writes (on_ps), it is made from the id
+            # the server holds, so nothing more from the worker is needed to make it.
+            marked = self.mark(self._tracing.pop("gated_id", step_id), written())
+            self._tracing = {}
             with tf.control_dependencies([marked]):
                 outputs = tf.nest.map_structure(tf.identity, outputs)
             traced["outputs"] = outputs
