@@ -68,7 +68,7 @@ def knob_settings(text: str) -> dict:
     pairs = [item.split("=", 1) for item in text.split(",") if item]
     if any(len(pair) != 2 or not pair[0] for pair in pairs):
         sys.stderr.write(f"chaos: error: flag: --knobs: {text!r} is not KEY=VALUE,...; "
-                         "e.g. --knobs=skip_applied_reruns=true\n")
+                         "e.g. --knobs=exactly_once=true\n")
         sys.exit(2)
     return dict(pairs)
 
@@ -88,7 +88,7 @@ def one_run(args, mode, interval, repeat):
         row["mode"] = f"{mode}, warm joins"
     if args.knobs:
         row["mode"] = f"{row['mode']}, {args.knobs}"
-    # Re-runs the chief found applied and skipped (--sync_skip_applied_reruns), from its log.
+    # Re-runs the chief found applied and skipped (--sync_exactly_once), from its log.
     row["skipped_reruns"] = sum(int(n) for n in re.findall(
         r"(\d+) step\(s\) (?:of this epoch )?had landed", result.get("output", "")))
     row.update(interval=interval, repeat=repeat, accuracy=accuracy(final),

@@ -71,10 +71,17 @@ def main(argv=None):
             self.samples = self.add_weight(name="samples", shape=(), dtype="int64",
                                            initializer="zeros", trainable=False)
 
+        def log_line(self, begin, rank, size):
+            return tf.strings.join([
+                tf.strings.as_string(begin, precision=4), tf.strings.as_string(tf.timestamp(), precision=4),
+                tf.strings.as_string(self.optimizer.iterations), str(rank), str(size)], " ")
+
         def train_step(self, data):
             begin = tf.timestamp()
             with tf.control_dependencies([begin]):
                 data = tf.nest.map_structure(tf.identity, data)
+            if strategy.mode == "async":
+                return self.async_step(data, begin)
             logs = super().train_step(data)
             batch = tf.cast(tf.shape(data[0])[0], tf.int64)
             rank, size = strategy.worker_index, strategy.num_workers  # as traced in this world
@@ -87,12 +94,37 @@ def main(argv=None):
             with tf.control_dependencies(tf.nest.flatten(logs)):
                 counted = raw_samples.assign_add(batch)  # the variable's own, atomic on a ps
                 with tf.control_dependencies([counted]):
-                    line = tf.strings.join([
-                        tf.strings.as_string(begin, precision=4), tf.strings.as_string(tf.timestamp(), precision=4),
-                        tf.strings.as_string(self.optimizer.iterations), str(rank), str(size)], " ")
-                    printed = tf.print(line, output_stream=f"file://{path}")
+                    printed = tf.print(self.log_line(begin, rank, size), output_stream=f"file://{path}")
             with tf.control_dependencies([printed]):
                 return tf.nest.map_structure(tf.identity, logs)
+
+        def async_step(self, data, begin):
+            """tf_keras' step written out, its writes made through strategy.one_unit: with
+            --sync_exactly_once they land as one unit on the ps (the log line too,
+            written there), so a lost worker's step is counted once."""
+            features, labels = data
+            with tf.GradientTape() as tape:
+                predictions = self(features, training=True)
+                # The compiled loss's value (its metric is updated with the writes).
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                    labels, predictions, from_logits=True))
+            grads = tape.gradient(loss, self.trainable_variables)
+            batch = tf.cast(tf.shape(features)[0], tf.int64)
+            path = os.path.join(args.out, "steps-async.log")
+
+            def writes(grads, labels, predictions, batch, begin):
+                self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+                self.compiled_loss(labels, predictions)  # the loss metric, as tf_keras updates it
+                logs = self.compute_metrics(None, labels, predictions, None)
+                with tf.control_dependencies(tf.nest.flatten(logs)):
+                    counted = self.samples.assign_add(batch)
+                with tf.control_dependencies([counted]):
+                    printed = tf.print(self.log_line(begin, strategy.worker_index, strategy.num_workers),
+                                       output_stream=f"file://{path}")
+                with tf.control_dependencies([printed]):
+                    return tf.nest.map_structure(tf.identity, logs)
+
+            return strategy.one_unit(writes, grads, labels, predictions, batch, begin)
 
     class Attempts(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):

@@ -6,7 +6,7 @@ One local cluster (``tfsyncmodes.launch``, 1 ps, WORKERS workers, one intra-op t
 process). For each of two models, the fit-like loop's runner (``CoordinatorRunner``) with the check on schedules
 STEPS steps and waits for them, in ROUNDS rounds, interleaved with the same steps of a runner
 whose worker step leaves out the check (``strategy.run`` of the same train step, no step id,
-no mark: ``--sync_skip_applied_reruns`` off, its default). A round's ratio is checked over
+no unit, no mark: ``--sync_exactly_once=false``). A round's ratio is checked over
 unchecked seconds; the table gives the median and range over the rounds. The models: the
 digits classifier of the chaos job (64-10, 650 parameters: the check's share is largest) and
 ``bench_async``'s MLP (128-256-256-10, 101,642 parameters). JSON ``docs/once_cost.json`` and a
@@ -51,7 +51,7 @@ def chief(out_path: str) -> None:
     strategy = tfsyncmodes.make_strategy("async")
 
     class Checked(CoordinatorRunner):
-        """The loop's runner with ``--sync_skip_applied_reruns`` on."""
+        """The loop's runner with ``--sync_exactly_once`` on."""
 
         def prepare(self, model, steps_per_epoch):
             super().prepare(model, steps_per_epoch)
@@ -126,8 +126,8 @@ def write_report(result):
         f"--workers={result['workers']}`: a local cluster (chief, 1 ps, {result['workers']} workers, one "
         f"intra-op thread each) on {result['cores']} cores, batch {result['batch_size']}. Each round "
         "times the fit-like loop's runner over the steps (each step's id checked on the ps first, "
-        "marked after its writes: `tfsyncmodes/keras/once.py`) and the same steps unchecked, in "
-        "alternating order; median [range] over the rounds.",
+        "its writes made as one unit on the ps and marked after them: `tfsyncmodes/keras/once.py`) "
+        "and the same steps unchecked, in alternating order; median [range] over the rounds.",
         "",
         "| model | parameters | ms per step, checked | ms per step, unchecked | checked / unchecked |",
         "|---|---:|---:|---:|---:|",
@@ -137,14 +137,16 @@ def write_report(result):
         ratios = [r["checked"] / r["unchecked"] for r in row["rounds"]]
         table.append(f"| {name} | {row['parameters']:,} | {spread(per_step('checked'), 2)} | "
                      f"{spread(per_step('unchecked'), 2)} | {spread(ratios)} |")
+    added = [statistics.median(1000 * (r["checked"] - r["unchecked"]) / result["steps"] for r in row["rounds"])
+             for row in result["models"].values()]
     table += [
         "",
-        "The check adds about 1.4-1.8 ms to a step here: the step's id is read from the ps before the "
-        "step writes and marked after its writes, a round trip each way on top of the step's own. "
-        "That is a quarter to a third of these 5-8 ms steps (the worst case: a model this small does "
-        "almost nothing else); at the 50-400 ms steps the bed emulates, or the chaos job's 80 ms, it is "
-        "0.4-4 %. "
-        "`--sync_skip_applied_reruns` is off by default (see fault-tolerance.md for what it covers).",
+        f"Applying each step once adds {min(added):.1f}-{max(added):.1f} ms to a step here (medians per "
+        "model): the step's id is read from the ps before the step writes, the writes wait for all of "
+        "the step's values to be on the ps, and the mark follows them. These 5-8 ms steps are the worst "
+        "case (a model this small does almost nothing else); at the 50-400 ms steps the bed emulates, "
+        "or the chaos job's 80 ms, the same milliseconds are a few percent. `--sync_exactly_once` is on "
+        "by default (fault-tolerance.md says what it covers).",
         "",
     ]
     replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), "once", "\n".join(table))

@@ -80,21 +80,21 @@ def test_slow_worker_runs_a_smaller_share_of_the_steps(tmp_path):
     assert int(counter["iterations"]) == int(counter["scheduled"])
 
 
-def run_lost(tmp_path, scenario, legacy, skip_applied_reruns=True):
+def run_lost(tmp_path, scenario, legacy, exactly_once=True):
     """Runs the linear-loss fit whose worker of one step dies; checks the update count in NumPy."""
     # Without staleness-aware scaling every update is lr x the gradient, whichever worker made it.
-    env = {"TFSYNC_STALENESS_AWARE_LR": "false", "TFSYNC_SKIP_APPLIED_RERUNS": str(skip_applied_reruns).lower(),
+    env = {"TFSYNC_STALENESS_AWARE_LR": "false", "TFSYNC_EXACTLY_ONCE": str(exactly_once).lower(),
            **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {})}
     cluster = Cluster(["--workers", "2", "--ps", "1", "--timeout", "200", "--tolerate_worker_loss"],
                       [PYTHON, CHECKS, str(tmp_path), scenario], **env)
     assert cluster.finish(220) == 0, cluster.output[-6000:]
     saved = np.load(tmp_path / f"{scenario}.npz")
     # The step's worker really died (SIGABRT), and the coordinator ran the step again.
-    assert int(saved["fired"]) == 1 and bool(saved["skip_applied_reruns"]) == skip_applied_reruns
+    assert int(saved["fired"]) == 1 and bool(saved["exactly_once"]) == exactly_once
     assert re.search(r"\[launch\] worker:\d exited with status -6", cluster.output), cluster.output[-6000:]
     steps, lr = int(saved["steps"]), np.float32(saved["lr"])
-    # --sync_skip_applied_reruns=false: the coordinator's at least once, the lost step applied twice.
-    updates = steps if skip_applied_reruns else steps + 1
+    # --sync_exactly_once=false: the coordinator's at least once, the lost step applied twice.
+    updates = steps if exactly_once else steps + 1
     # NumPy: the loss is the mean prediction, so every update subtracts lr x the mean features.
     gradient = saved["x"].astype(np.float32).mean(axis=0).reshape(-1, 1)
     kernel = np.ones_like(gradient)
@@ -103,7 +103,7 @@ def run_lost(tmp_path, scenario, legacy, skip_applied_reruns=True):
     np.testing.assert_allclose(saved["kernel"], kernel, rtol=0, atol=1e-6)
     # One update more (or less) would move a weight by over 1000 x the tolerance.
     assert np.abs(lr * gradient).max() > 1e-3
-    if skip_applied_reruns:
+    if exactly_once:
         assert int(saved["iterations"]) == steps
         # The lost step is in the second epoch: its metric counted each of its examples once.
         assert float(saved["metric_count"]) == steps // 2 * int(saved["batch"])
@@ -111,11 +111,11 @@ def run_lost(tmp_path, scenario, legacy, skip_applied_reruns=True):
 
 
 @pytest.mark.timeout(260)
-@pytest.mark.parametrize("skip_applied_reruns", [True, False], ids=["skip_applied_reruns", "at_least_once"])
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly_once", "at_least_once"])
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
-def test_a_step_whose_worker_is_lost_after_its_update_landed_is_applied_once(tmp_path, legacy, skip_applied_reruns):
-    cluster = run_lost(tmp_path, "lost_after_update", legacy, skip_applied_reruns)
-    if skip_applied_reruns:
+def test_a_step_whose_worker_is_lost_after_its_update_landed_is_applied_once(tmp_path, legacy, exactly_once):
+    cluster = run_lost(tmp_path, "lost_after_update", legacy, exactly_once)
+    if exactly_once:
         assert "found them applied and skipped them" in cluster.output
 
 

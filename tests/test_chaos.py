@@ -93,11 +93,9 @@ def check(result, undisturbed):
     assert result["leftovers"] == [], result["leftovers"]
     assert not os.path.exists(result["work"])
     final = result["final"]
-    # At least once: a worker lost after its first write reached the ps, before the coordinator
-    # heard back, has its step applied again elsewhere (one extra step per such kill, seen).
-    extra = int(final["iterations"]) - result["promised_steps"]
-    assert 0 <= extra <= len(result["kills"]), extra
-    assert result["promised_steps"] <= result["counted"] <= int(final["iterations"]), result["counted"]
+    # Exactly once: every promised step counted once, whichever worker was lost when.
+    assert int(final["iterations"]) == result["promised_steps"] == result["counted"], (
+        int(final["iterations"]), result["counted"])
     accuracy = numpy_accuracy(final)
     print(f"{result['mode']}: kills at {[round(k, 1) for k in result['kills']]} s, recoveries "
           f"{[round(r, 2) for r in result['recoveries']]} s, goodput {result['goodput']:.3f}, "
@@ -114,12 +112,14 @@ def check(result, undisturbed):
 def test_async_loses_a_random_worker_every_7_s_and_the_launcher_restarts_it():
     steps = 10 * 120
     result = chaos_driver.run("async", interval=(6, 8), seed=2, epochs=10, steps_per_epoch=120,
-                              step_ms=80, max_kills=3, timeout=260, python=PYTHON)
+                              step_ms=80, max_kills=3, timeout=260, python=PYTHON,
+                              knobs={"exactly_once": "true"})
     assert len(result["kills"]) >= 2, result["output"][-4000:]
     final = check(result, numpy_reference_accuracies(steps, 16, 0.3))
     assert result["output"].count("restarting it at 127.0.0.1") == len(result["kills"])
-    # Counted on the ps, at least once per step (the window check() describes).
-    assert 16 * steps <= int(final["samples"]) <= 16 * (steps + len(result["kills"])), final
+    # Counted on the ps, in each step's unit of writes: once per step.
+    assert int(final["samples"]) == 16 * steps, final
+    assert "not one unit" not in result["output"]
 
 
 @pytest.mark.slow

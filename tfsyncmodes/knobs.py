@@ -144,11 +144,12 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("delay_compensation", "off", Number(float, 0.0, 1e3, above=True, **_OFF),
          "DC-ASGD: correct each gradient g computed on weights w_read and applied to w_now with "
          "g + LAMBDA * g * g * (w_now - w_read) (the paper uses 0.04).", modes("async")),
-    Knob("skip_applied_reruns", False, Boolean(),
-         "Async: mark each step on the parameter servers once its writes have landed, and skip "
-         "the coordinator's re-run of a marked step (its worker lost before it reported). Not "
-         "exactly once: a worker lost while its writes are in flight still has the step applied "
-         "twice. Costs a read and a write of the servers per step.", modes("async")),
+    Knob("exactly_once", True, Boolean(),
+         "Async: a lost worker's step is applied once. Its writes (update, metrics, counters) "
+         "are made as one unit on the parameter server, which marks the step; the coordinator's "
+         "re-run of a marked step is skipped. Needs one ps task, and a model's own train_step "
+         "to make its writes with strategy.one_unit (logged otherwise). false: at least once.",
+         modes("async")),
     # --- hybrid ---
     Knob("group_size", "host", Number(int, 1, 1 << 20, words=("host",), old={0: "host"}),
          "Ranks 0..S-1 form group 0, S..2S-1 group 1, ... (host: one group per host).",

@@ -19,7 +19,7 @@ Scenarios (each with a model of its own, in the same cluster):
   ABORT_AT aborts (``tf.raw_ops.Abort``, the process dies with SIGABRT) once that step's update
   is on the parameter server and before it reports: the coordinator runs the step again on the
   other worker. Saves the kernel, the counts and the re-runs found applied.
-* ``lost_sending`` (with ``--sync_skip_applied_reruns``): the same fit, but the worker running
+* ``lost_sending`` (with ``--sync_exactly_once``): the same fit, but the worker running
   step ABORT_AT aborts once its gradient is on the parameter server, before the rest of the
   values its step's writes need leave it (they wait for the abort): the step's writes must
   not have begun.
@@ -118,7 +118,7 @@ def main(outdir, scenarios):
 def abort_after(step_id_to_lose, fired, claims):
     """Wraps AppliedSteps.run (and AtLeastOnce.run): after the step with that id has run (update
     landed, step marked), its worker aborts, once in the run (`fired`, on the parameter server).
-    With --sync_skip_applied_reruns=false every step id is 0, so the first step's worker aborts.
+    With --sync_exactly_once=false every step id is 0, so the first step's worker aborts.
     Two workers can reach that step at once: `claims` (an atomic increment on the parameter
     server) lets only the first abort."""
     import tensorflow as tf
@@ -226,9 +226,9 @@ def linear_fit(outdir, strategy, keras, dataset_fn, name):
                       loss=lambda y_true, y_pred: tf.reduce_mean(y_pred))
         fired = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_fired")
         claims = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_claims")
-    skip_applied_reruns = strategy.config.skip_applied_reruns
+    exactly_once = strategy.config.exactly_once
     if name == "lost_after_update":
-        abort_after(ABORT_AT if skip_applied_reruns else 0, fired, claims)
+        abort_after(ABORT_AT if exactly_once else 0, fired, claims)
     else:
         abort_while_unit(ABORT_AT, fired, claims, name[len("lost_"):])
     history = strategy.fit(model, lambda context: dataset_fn(context).map(
@@ -240,7 +240,7 @@ def linear_fit(outdir, strategy, keras, dataset_fn, name):
     np.savez(os.path.join(outdir, name + ".npz"), kernel=np.asarray(model.get_weights()[0]),
              x=data()[0], steps=2 * ONCE_STEPS, lr=ONCE_LR, batch=BATCH, metric_count=count,
              iterations=int(np.asarray(optimizer.iterations)), fired=int(fired.numpy()),
-             skip_applied_reruns=skip_applied_reruns,
+             exactly_once=exactly_once,
              history_loss=np.array(history.history["loss"]))
 
 

@@ -10,7 +10,7 @@ which under concurrent workers misses the updates that landed after it. The step
 so is the epoch's count of updates dropped by ``--sync_max_staleness`` (``dropped_updates``).
 
 tf_keras schedules ``model.train_function`` once per step; here it carries a step id, so that
-with ``--sync_skip_applied_reruns`` a step the coordinator runs again after its writes landed is
+with ``--sync_exactly_once`` a step the coordinator runs again after its writes landed is
 skipped (:class:`~tfsyncmodes.keras.once.AppliedSteps`; with ``steps_per_execution`` 1, its default).
 Then a model that keeps tf_keras' own ``train_step`` and ``compute_loss`` trains with
 :func:`one_unit_train_step`, whose writes land as one unit on the parameter server.
@@ -39,6 +39,10 @@ def applied_once(model, once, extra=()):
         coordinator = model._cluster_coordinator
         inner = getattr(model, "train_tf_function", None)
         if coordinator is None or inner is None or int(model._steps_per_execution.numpy()) != 1:
+            if isinstance(once, AppliedSteps):
+                logging.warning("exactly_once: steps_per_execution %d schedules several steps as one; "
+                                "a lost worker's steps are applied at least once",
+                                int(model._steps_per_execution.numpy()))
             return model.train_function  # several steps per execution: tf_keras' at least once
 
         def written():
@@ -132,7 +136,7 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
             once = None  # tf_keras refuses this strategy without it
         else:
             once = (AppliedSteps(steps_per_epoch, strategy.cluster.num_tasks("ps"))
-                    if strategy.config.skip_applied_reruns else AtLeastOnce())
+                    if strategy.config.exactly_once else AtLeastOnce())
 
     def record(logs):
         """The step's staleness, and its dropped update if any, in their variables."""
@@ -145,19 +149,22 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
                 logs["dropped_updates"] = tf.identity(dropped)
         return logs
 
+    units = []  # steps traced whose writes went through strategy.one_unit
+
+    def one_unit(writes, *values):
+        units.append(writes)
+        return (once or AtLeastOnce()).on_ps(lambda *held: record(writes(*held)), *values)
+
     def plain_train_step(data):
         read = optimizer.begin_step()
+        traced = len(units)
         with tf.control_dependencies([read]):
             logs = original_train_step(data)
-        return record(logs)
+        return logs if len(units) > traced else record(logs)  # recorded in the unit
 
     train_step = plain_train_step
     if getattr(once, "one_unit", False) and keeps_default_step(model):
         train_step = one_unit_train_step(model, once, record)
-    elif once is not None and not isinstance(once, AtLeastOnce):
-        logging.warning("skip_applied_reruns: a step's writes are not one unit here (%s): a worker "
-                        "lost while they are in flight can still have its step applied twice",
-                        "several ps tasks" if not once.one_unit else "the model has its own train_step")
 
     def get_metrics_result():
         results = original_metrics_result()
@@ -174,6 +181,7 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
         epoch_dropped.assign(0)
 
     model.train_step = train_step
+    strategy.step_unit = one_unit  # for a model's own train_step: strategy.one_unit
     model.get_metrics_result = get_metrics_result
     model.reset_metrics = reset_metrics
     if once is not None:
@@ -189,6 +197,7 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
                             "re-runs found them applied and skipped them", skipped)
         return history
     finally:
+        strategy.step_unit = None
         del model.train_step
         del model.get_metrics_result
         del model.reset_metrics

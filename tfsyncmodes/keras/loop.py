@@ -126,7 +126,7 @@ class CoordinatorRunner(StepRunner):
     Steps run asynchronously; the epoch's results are fetched when it ends, so the loss is the
     exact mean over the epoch's examples (like every compiled metric, read from its atomically
     updated state once every step is done), the staleness statistics cover every update whose
-    worker reported it, and ``steps`` counts the steps. With ``--sync_skip_applied_reruns`` a
+    worker reported it, and ``steps`` counts the steps. With ``--sync_exactly_once`` a
     step the coordinator runs again after its writes landed is skipped
     (:class:`~tfsyncmodes.keras.once.AppliedSteps`).
     """
@@ -142,13 +142,9 @@ class CoordinatorRunner(StepRunner):
             if not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
             # fit_loop waits for every step at an epoch's end: at most an epoch's steps in flight.
-            skip_applied_reruns = self.strategy.config.skip_applied_reruns
+            exactly_once = self.strategy.config.exactly_once
             self._once = (AppliedSteps(steps_per_epoch, self.strategy.cluster.num_tasks("ps"))
-                          if skip_applied_reruns else AtLeastOnce())
-            if skip_applied_reruns and not self._once.one_unit:
-                logging.warning("skip_applied_reruns: a step's writes are not one unit with several ps "
-                                "tasks: a worker lost while they are in flight can still have its step "
-                                "applied twice")
+                          if exactly_once else AtLeastOnce())
         make_metrics_atomic(model)
         self._model = model
         self._iterator = iter(self.strategy.distribute_datasets_from_function(self.dataset_fn))
@@ -193,7 +189,7 @@ class CoordinatorRunner(StepRunner):
                             "the coordinator's re-runs found them applied and skipped them",
                             int((~applied).sum()))
         # A worker lost after its update landed and before it reported has its step applied
-        # again (unless --sync_skip_applied_reruns caught it): the count is one too many.
+        # again (unless --sync_exactly_once caught it): the count is one too many.
         executed = self._count_at_epoch_start + len(results)
         counted = int(np.asarray(self._optimizer.iterations))
         if counted != executed:

@@ -1,33 +1,38 @@
-"""A re-run of an async step whose writes already landed is skipped (``--sync_skip_applied_reruns``).
+"""A lost worker's async step is applied once (``--sync_exactly_once``, on by default).
 
 ``ClusterCoordinator`` runs a scheduled step at least once: when a worker is lost before it
-reports, the step is put back and run again on another worker. If the lost worker's update had
-already reached the parameter servers, the step would then be applied twice: one update, one
-``optimizer.iterations`` increment and one batch of every metric too many (a chaos run of 3000
-steps ended at 3001 before this).
+reports, the step is put back and run again on another worker. If the lost worker's writes had
+reached the parameter server, in full or in part, the step would then be applied twice: one
+update, one ``optimizer.iterations`` increment and one batch of every metric too many (a chaos
+run of 3000 steps ended at 3001 before this).
 
-:class:`AppliedSteps` keeps, on the parameter servers, which steps' updates have landed: a ring
-of ``size`` int64 slots, step ``i`` marking slot ``i % size`` with ``i + 1`` once every variable
-it wrote (the model's, the optimizer's, the metrics') holds its update. Every step carries its
-id as an argument of the scheduled function, so a re-run carries the same id; it reads its slot
-first and, if the mark is there, skips the step's writes: no update, no metric (under tf_keras
-the whole step is skipped; Keras 3's loop runs the forward and backward pass beside the check,
-so a skipped re-run wastes that compute).
-The loops wait for every step at each epoch's end, so at most ``steps_per_epoch`` steps are in
-flight and a ring of that size never overwrites a step that could still be run again.
+Two parts make it once:
 
-What it does not cover: a worker lost between its first write reaching the parameter servers
-and its mark (its gradients and metric updates part-way there). That step is run again in
-full, so the variables written before the loss take its update twice. The window is the
-transfer of the step's writes, milliseconds, not the step.
+* **One unit of writes** (:meth:`AppliedSteps.on_ps`). Every value the step's writes take from
+  the worker (gradients, targets and predictions, the batch's size, the step's id) is gathered
+  on the parameter server by one ``IdentityN`` there, and every write op is placed there and
+  runs after it. A worker lost before the server holds them all leaves nothing written; once
+  it does, the server needs nothing more from the worker, and finishes the writes and the mark
+  on its own (tested: a worker aborted at either point, `tests/test_async_exact.py`).
+* **A mark per step** (:class:`AppliedSteps`): a ring of ``size`` int64 slots on the server,
+  step ``i`` marking slot ``i % size`` with ``i + 1`` after every variable it wrote holds its
+  update. Every step carries its id as an argument of the scheduled function, so the
+  coordinator's re-run carries the same id; it reads its slot first and, if marked, skips the
+  step's writes (under tf_keras the whole step; Keras 3's loop runs the forward and backward
+  pass beside the check, so a skipped re-run wastes that compute). The loops wait for every
+  step at each epoch's end, so at most ``steps_per_epoch`` steps are in flight and a ring of
+  that size never overwrites a step that could still be run again.
+
+The unit needs one parameter server: servers do not send to each other (the strategy's device
+filters), so with several the writes stay on their own servers and a worker lost while they
+are in flight can still have its step applied twice; so can a model whose own ``train_step``
+makes its writes without ``strategy.one_unit``. Both are logged once. A re-run that reaches
+the server while the lost worker's unit is still being written (under a millisecond on
+loopback, against the coordinator's seconds to notice a lost worker) is not covered.
 
 The check wraps ``strategy.run`` in the worker's function (cross-replica context): the
-optimizers' distributed update paths refuse a conditional inside the replica function. It
-costs one read of the parameter servers before a step writes and one write after (1.4-1.8 ms
-a step on loopback, in BENCHMARKS.md). It is off by default (:class:`AtLeastOnce`): in chaos
-runs that killed random workers, more kills landed in the window above than after a mark (3
-steps applied twice and 1 re-run skipped in 67 kills), and the count was no lower than without
-it. Exactly once needs a step's writes to land as one unit on the parameter servers.
+optimizers' distributed update paths refuse a conditional inside the replica function. What it
+costs a step is measured in BENCHMARKS.md ("Async steps applied once").
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ import itertools
 from typing import Any, Callable, Dict, Iterable
 
 import tensorflow as tf
+from absl import logging
 
 from tfsyncmodes.exchange.version import tf_variable
 
@@ -80,6 +86,7 @@ class AppliedSteps:
         # Re-runs that found their step applied (atomic on the parameter servers).
         self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_skipped")
         self._ids = itertools.count()
+        self._warned = False
         self._tracing = {}  # while a step is traced: its id, and its copy on the server once gated
 
     def next_id(self) -> tf.Tensor:
@@ -149,6 +156,12 @@ class AppliedSteps:
             # The mark waits for the writes only (not for the outputs, which may read the
             # parameter servers again). Gated with the writes (on_ps), it is made from the id
             # the server holds, so nothing more from the worker is needed to make it.
+            if "gated_id" not in self._tracing and not self._warned:
+                self._warned = True
+                logging.warning(
+                    "exactly_once: a step's writes are not one unit (%s): a worker lost while "
+                    "they are in flight can still have its step applied twice", "several ps tasks"
+                    if not self.one_unit else "the model's own train_step makes them without strategy.one_unit")
             marked = self.mark(self._tracing.pop("gated_id", step_id), written())
             self._tracing = {}
             with tf.control_dependencies([marked]):

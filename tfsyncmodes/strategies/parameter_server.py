@@ -131,6 +131,7 @@ class AsyncStrategy(ModeStrategy):
             strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
             self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
         self.lost_workers = set()
+        self.step_unit = None  # during fit: how a step's writes are made (tfsyncmodes.keras.once)
         super().__init__(config, strategy)
 
     @property
@@ -179,6 +180,16 @@ class AsyncStrategy(ModeStrategy):
         return JobFailure(f"{', '.join(lost) or 'a parameter server'} is unreachable and training cannot "
                           f"go on ({type(error).__name__}); restart the cluster with the same --model_dir "
                           "to resume from the last finished epoch")
+
+    def one_unit(self, writes: Callable, *values):
+        """In a model's own ``train_step``, under ``fit``: ``writes(*values)`` as one unit on the
+        parameter server when ``--sync_exactly_once`` is on (with one ps task), so that a
+        worker lost during the step has it applied exactly once. `values` holds everything the
+        writes (update, metrics, counters) take from the worker's computation: the gradients,
+        targets and predictions, the batch's size. Otherwise ``writes(*values)``."""
+        if self.step_unit is None:
+            return writes(*values)
+        return self.step_unit(writes, *values)
 
     def _backup_writes(self):
         return None if compat.LEGACY else True  # tf_keras coordinates its own writers here
