@@ -220,6 +220,8 @@ def test_variables_are_placed_on_both_ps(tmp_path, legacy):
     assert cluster.finish(220) == 0, cluster.output[-6000:]
     placement = json.loads((tmp_path / "placement.json").read_text())
     assert placement["iterations"] == placement["expected_steps"] and all(placement["changed"])
+    # --sync_exactly_once (the default) cannot make a step's writes one unit over two ps: a line says so.
+    assert "not one unit (several ps tasks)" in cluster.output, cluster.output[-3000:]
     variables = {}  # name -> [(shape, ps task)] of its parts; tf_keras lists shards as part_<i>
     for variable in placement["variables"]:
         name = re.sub(r"(/part_\d+)?(:\d+)?$", "", variable["name"])
