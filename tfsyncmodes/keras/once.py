@@ -13,7 +13,8 @@ Two parts make it once:
   on the parameter server by one ``IdentityN`` there, and every write op is placed there and
   runs after it. A worker lost before the server holds them all leaves nothing written; once
   it does, the server needs nothing more from the worker, and finishes the writes and the mark
-  on its own (tested: a worker aborted at either point, `tests/test_async_exact.py`).
+  on its own unless its call is cancelled first (below; tested: a worker aborted at either
+  point, `tests/test_async_exact.py`).
 * **A mark per step** (:class:`AppliedSteps`): a ring of ``size`` int64 slots on the server,
   step ``i`` marking slot ``i % size`` with ``i + 1`` after every variable it wrote holds its
   update. Every step carries its id as an argument of the scheduled function, so the
@@ -22,6 +23,15 @@ Two parts make it once:
   pass beside the check, so a skipped re-run wastes that compute). The loops wait for every
   step at each epoch's end, so at most ``steps_per_epoch`` steps are in flight and a ring of
   that size never overwrites a step that could still be run again.
+
+What is left: a worker lost while the server makes its unit's writes. The server runs the
+unit as part of the worker's call (``RunComponentFunction``), whose handler cancels the call
+when the worker's connection drops; that can stop the unit between two of its writes, and the
+re-run then applies the step again in full. The window is the unit's own duration (a
+millisecond or less here). One chaos run in 87 kills ended with one optimizer step counted
+twice and that step's samples once, which fits a unit cut short (BENCHMARKS.md). Closing it needs a
+unit of writes the caller's loss cannot cut short (one kernel, or a call the worker does not
+own).
 
 The unit needs one parameter server: servers do not send to each other (the strategy's device
 filters), so with several the writes stay on their own servers and a worker lost while they
