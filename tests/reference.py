@@ -242,6 +242,8 @@ def compressed_mean_training(kernel, bias, x, y, compression, ratio=0.01, error_
     """SGD in sync mode with compression, in float32: each replica compresses its gradient plus
     its residual, every replica applies the mean of the decompressed payloads, and keeps what
     its payload left out (with `error_feedback`; without, the residual stays zero).
+    ``topk_union`` (Top-K with ``--sync_topk_shared_indices``): each replica sends its own
+    values at the union of every replica's Top-K indices.
 
     fp16, as the exchange documents it (communicators.CrossGroupAllreduce): each rank's
     compensated float32 gradient is cast to float16, the float16 payloads are summed by one
@@ -253,12 +255,19 @@ def compressed_mean_training(kernel, bias, x, y, compression, ratio=0.01, error_
     replicas = x.shape[1]
     residuals = [np.zeros(_flat(params).size, np.float32) for _ in range(replicas)]
     for step in range(x.shape[0]):
-        sent = []
+        sent, compensateds = [], []
         for r in range(replicas):
             grad = _flat(mse_gradients(*[p.astype(np.float64) for p in params], x[step, r], y[step, r]))
             compensated = (grad.astype(np.float32) + residuals[r]) if error_feedback else grad.astype(np.float32)
+            compensateds.append(compensated)
+        # topk_union: every replica sends its values at the union of all replicas' Top-K indices.
+        union = (np.unique(np.concatenate([topk_compress(c, ratio)[1] for c in compensateds]))
+                 if compression == "topk_union" else None)
+        for r, compensated in enumerate(compensateds):
             if compression == "topk":
                 dense = topk_decompress(*topk_compress(compensated, ratio), compensated.size)
+            elif compression == "topk_union":
+                dense = topk_decompress(compensated[union], union, compensated.size)
             else:
                 dense = compensated.astype(np.float16)
             sent.append(dense)

@@ -16,6 +16,7 @@ from tfsync_testbed import localrun
 JOBS = {
     2: {
         "topk": dict(steps=3, compression="topk", topk_ratio=0.25),
+        "topk_union": dict(steps=3, compression="topk", topk_ratio=0.25, topk_shared_indices=True),
         "fp16_feedback": dict(steps=3, compression="fp16"),
         "fp16_no_feedback": dict(steps=3, compression="fp16", error_feedback=False),
         "int8": dict(steps=4, compression="int8"),
@@ -26,6 +27,7 @@ JOBS = {
     4: {
         "topk": dict(steps=3, compression="topk", topk_ratio=0.25),
         "fp16": dict(steps=3, compression="fp16"),
+        "topk_union": dict(steps=3, compression="topk", topk_ratio=0.25, topk_shared_indices=True),
     },
 }
 _DONE = {}

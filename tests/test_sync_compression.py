@@ -15,7 +15,8 @@ SIZE = reference.FEATURES * reference.OUTPUTS + reference.OUTPUTS
 
 
 @pytest.mark.slow  # one horovodrun job per world size (tests/sync_jobs.py)
-@pytest.mark.parametrize("num_proc, compression", [(2, "topk"), (4, "topk"), (4, "fp16")])
+@pytest.mark.parametrize("num_proc, compression", [(2, "topk"), (4, "topk"), (4, "fp16"), (2, "topk_union"),
+                                                   (4, "topk_union")])
 @pytest.mark.timeout(330)
 @sync_jobs.SHARED
 def test_compressed_sync_steps_equal_numpy(tmp_path_factory, num_proc, compression):
@@ -29,15 +30,24 @@ def test_compressed_sync_steps_equal_numpy(tmp_path_factory, num_proc, compressi
     # four float16 values in the order of Horovod's ring, which may round each partial sum
     # differently from NumPy's rank order: a bound of 3 float16 roundings of sums of ~10, over
     # 4 ranks and 3 steps at lr 0.1 (the exact fp16 checks are the two-rank ones below).
-    tolerance = 1e-6 if compression == "topk" else 2e-3
+    tolerance = 1e-6 if compression.startswith("topk") else 2e-3
     for w in workers:  # sync_jobs.scenario checked the step count and the same bits everywhere
         np.testing.assert_allclose(w["kernel"], kernel, rtol=0, atol=tolerance)
         np.testing.assert_allclose(w["bias"], bias, rtol=0, atol=tolerance)
-    if compression == "topk":  # compression really changed the update
+    if compression.startswith("topk"):  # compression really changed the update
         assert np.abs(workers[0]["kernel"] - dense_kernel).max() > 1e-3
+    if compression == "topk":
         k = math.ceil(ratio * SIZE)
         assert float(workers[0]["bytes_sent"]) == 8 * k
         assert float(workers[0]["compression_ratio"]) == pytest.approx(8 * k / (4 * SIZE))
+    elif compression == "topk_union":
+        # Each rank sent its values at the union, which is more than its own k, and the update
+        # differs from allgathered Top-K's (the replicas' selections differ).
+        k = math.ceil(ratio * SIZE)
+        assert float(workers[0]["bytes_sent"]) > 8 * k
+        plain_kernel, _ = reference.compressed_mean_training(workers[0]["kernel0"], workers[0]["bias0"], x, y,
+                                                             "topk", ratio)
+        assert np.abs(workers[0]["kernel"] - plain_kernel).max() > 1e-4
     else:
         assert float(workers[0]["bytes_sent"]) == 2 * SIZE
 

@@ -168,6 +168,13 @@ KNOBS: Tuple[Knob, ...] = (
     Knob("topk_ratio", 0.01, Number(float, 1e-6, 1.0),
          "Fraction of entries a Top-K compression (topk, topk_int8, topk_int4, topk_int2) sends each step.",
          given("compression", *TOPK, modes=("sync", "hybrid"), text="compression=topk or topk_int*")),
+    Knob("topk_shared_indices", False, Boolean(),
+         "Sync with compression=topk: every rank sends its values at the union of all ranks' "
+         "Top-K indices (one allgather of the indices), and the values add in one allreduce, so "
+         "each selected entry gets every rank's part in the same step (allgathered Top-K: only "
+         "the ranks that selected it). Up to ranks x the values per step.",
+         When(("sync",), lambda v, m: v["compression"] == "topk", "mode=sync with compression=topk",
+              ("compression",))),
     Knob("quantize_sigma", 6.0, Number(float, 0.0, 1e3, above=True),
          "A quantizing compression's range is the tensor's own, clipped to mean +- this many "
          "standard deviations (INTELLECT-1 uses 6); what is clipped stays in the error feedback.",

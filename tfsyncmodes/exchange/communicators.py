@@ -79,6 +79,12 @@ def world_allgather(tensor, name: str):
     return hvd.allgather(tensor, name=name, process_set=hvd.global_process_set)
 
 
+def world_union(indices, name: str) -> tf.Tensor:
+    """The sorted union of every Horovod rank's int32 `indices` (one allgather): the same on
+    every rank."""
+    return tf.sort(tf.unique(world_allgather(indices, name)).y)
+
+
 def broadcast_variables(variables: Sequence, root_rank: int, name: str, process_set=None) -> None:
     """Every variable set to rank `root_rank`'s value, one broadcast each (over `process_set`;
     None: all ranks)."""
@@ -173,6 +179,21 @@ class CrossGroupAllgather(CrossGroupCommunicator):
         return compressor.decompress(tuple(gathered), ctx)
 
 
+class CrossGroupSharedIndices(CrossGroupCommunicator):
+    """For sparse payloads whose indices every group shares (Top-K with ``agree``): the values
+    add in one allreduce, in their dtype; the indices stay where they are."""
+
+    def send_receive(self, payload, compressor, ctx, name, everyone=False):
+        if self.process_set is None:
+            return self._alone(payload, compressor, ctx, everyone)
+        import horovod.tensorflow as hvd
+
+        values, indices = payload
+        summed = hvd.allreduce(values, op=hvd.Sum, name=f"{name}.values", process_set=self.process_set)
+        total = compressor.decompress((summed, indices), ctx)
+        return total if everyone else total - compressor.decompress(tuple(payload), ctx)
+
+
 class CrossGroupAllreduce(CrossGroupCommunicator):
     """For dense payloads (float32, fp16): one allreduce in the payload's own dtype, so fp16
     puts half the bytes on the wire; the other groups' part is the sum minus this one's."""
@@ -237,7 +258,10 @@ class ShardedCrossGroupAllreduce(CrossGroupAllreduce):
 
 def cross_group(compressor, process_set, group_order: Sequence[int], own: int) -> CrossGroupCommunicator:
     """Allgather for sparse payloads (indices differ per group), allreduce for dense ones."""
-    cls = CrossGroupAllgather if compressor.sparse else CrossGroupAllreduce
+    if getattr(compressor, "shared_indices", False):
+        cls = CrossGroupSharedIndices
+    else:
+        cls = CrossGroupAllgather if compressor.sparse else CrossGroupAllreduce
     return cls(process_set, group_order, own)
 
 

@@ -90,17 +90,29 @@ class TopK(Compressor):
     :class:`~tfsyncmodes.exchange.warmup.SparsityWarmup` whose stage picks the ratio of each
     step (None: `ratio` from the first step); under it the payload's length changes with the
     stage, so it is for in-step exchanges (sync mode), not for a background queue.
+    `agree`: ``agree(indices, name) -> indices`` every rank shares, a collective (e.g.
+    :func:`~tfsyncmodes.exchange.communicators.world_union`, the union of the ranks' own
+    selections); with it each rank sends its values at the shared indices, so the payloads
+    add in one allreduce of values (:attr:`shared_indices`; in-step exchanges only). None:
+    each rank's own indices.
     """
 
     sparse = True
     lossless = False
 
-    def __init__(self, ratio: float = 0.01, implementation: str = "auto", warmup=None):
+    def __init__(self, ratio: float = 0.01, implementation: str = "auto", warmup=None,
+                 agree: Optional[Callable] = None):
         if not 0.0 < ratio <= 1.0:
             raise ValueError(f"Top-K ratio {ratio}: use a fraction in (0, 1]")
         self.ratio = ratio
         self.selection = TopKSelection(implementation)
         self.warmup = warmup
+        self.agree = agree
+
+    @property
+    def shared_indices(self) -> bool:
+        """Whether every rank's payload has the same indices (the values then add by allreduce)."""
+        return self.agree is not None
 
     @property
     def implementation(self) -> str:
@@ -124,7 +136,11 @@ class TopK(Compressor):
         size = ctx.size
         if size >= 2 ** 31:
             raise ValueError(f"{size} entries do not fit int32 indices")
-        return self.staged(size, lambda k: self.compress_k(flat, k))
+        payload = self.staged(size, lambda k: self.compress_k(flat, k))
+        if self.agree is None:
+            return payload
+        shared = self.agree(self.sent_indices(payload, ctx), f"tfsync.topk.indices.{ctx.name}")
+        return tf.gather(flat, shared), shared
 
     def compress_k(self, flat, k: int) -> Payload:
         """The payload of the k entries of largest magnitude."""

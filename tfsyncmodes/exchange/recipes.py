@@ -199,12 +199,15 @@ def _settings(cls, **settings) -> dict:
 
 def compressor(config, warmup: Optional[SparsityWarmup] = None) -> Compressor:
     """``--sync_compression``, with ``--sync_topk_ratio`` as a compressor's ``ratio``,
-    ``--sync_quantize_sigma`` as its ``clip_sigma`` and `warmup` as its ``warmup``."""
+    ``--sync_quantize_sigma`` as its ``clip_sigma``, `warmup` as its ``warmup`` and, with
+    ``--sync_topk_shared_indices`` in sync, the union of the ranks' indices as its ``agree``."""
     cls = registry.COMPRESSORS.get(config.compression, config.sources.get("compression", "default"),
                                    "compression")
     settings = dict(ratio=config.topk_ratio, clip_sigma=config.quantize_sigma)
     if warmup is not None:
         settings["warmup"] = warmup
+    if config.mode == "sync" and config.topk_shared_indices:  # --sync_topk_shared_indices
+        settings["agree"] = communicators.world_union
     return cls(**_settings(cls, **settings))
 
 
