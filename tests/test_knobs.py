@@ -81,8 +81,10 @@ def test_optimizers_saved_before_the_words_load(tmp_path):
 
 @pytest.mark.parametrize("values, in_force, not_in_force", [
     ({"mode": "sync"}, {"backend", "compression", "switch_policy"}, {"topk_ratio", "error_feedback", "staleness",
-                                                                      "period", "clip_norm", "group_size"}),
-    ({"mode": "sync", "compression": "topk"}, {"topk_ratio", "error_feedback"}, {"staleness"}),
+                                                                      "period", "clip_norm", "group_size",
+                                                                      "topk_shared_indices"}),
+    ({"mode": "sync", "compression": "topk"}, {"topk_ratio", "error_feedback", "topk_shared_indices"}, {"staleness"}),
+    ({"mode": "hybrid", "compression": "topk"}, {"topk_ratio"}, {"topk_shared_indices"}),
     ({"mode": "hybrid"}, {"period", "local_steps", "outer_lr", "outer_optimizer", "group_size", "warmup_steps"},
      {"staleness", "staleness_aware_lr", "outer_momentum", "elastic_alpha", "backend", "switch_policy"}),
     ({"mode": "hybrid", "cross_group": "stale"}, {"staleness", "staleness_aware_lr"},

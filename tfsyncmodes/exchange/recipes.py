@@ -206,7 +206,7 @@ def compressor(config, warmup: Optional[SparsityWarmup] = None) -> Compressor:
     settings = dict(ratio=config.topk_ratio, clip_sigma=config.quantize_sigma)
     if warmup is not None:
         settings["warmup"] = warmup
-    if config.mode == "sync" and config.topk_shared_indices:  # --sync_topk_shared_indices
+    if config.mode == "sync" and config.compression == "topk" and config.topk_shared_indices:
         settings["agree"] = communicators.world_union
     return cls(**_settings(cls, **settings))
 
