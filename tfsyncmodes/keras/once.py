@@ -126,7 +126,9 @@ class AppliedSteps:
                 flat[i] = value
             if step_id is not None:
                 self._tracing["gated_id"] = arrived[-1]
-            return writes(*tf.nest.pack_sequence_as(values, flat))
+            # Writes that take none of the values (a counter's increment) wait for them too.
+            with tf.control_dependencies(arrived):
+                return writes(*tf.nest.pack_sequence_as(values, flat))
 
     @property
     def one_unit(self) -> bool:
