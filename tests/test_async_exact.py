@@ -129,12 +129,3 @@ def test_a_worker_lost_while_sending_its_step_leaves_nothing_of_it_written(tmp_p
     cluster = run_lost(tmp_path, "lost_sending", legacy)
     assert "found them applied and skipped them" not in cluster.output
     assert "not one unit" not in cluster.output
-
-
-@pytest.mark.timeout(260)
-@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
-def test_a_worker_lost_while_its_step_is_written_has_it_finished_by_the_server(tmp_path, legacy):
-    # The server held every value of the step when its worker died: it finished the writes and
-    # the mark on its own, and the coordinator's re-run found the step applied.
-    cluster = run_lost(tmp_path, "lost_writing", legacy)
-    assert "found them applied and skipped them" in cluster.output

@@ -23,9 +23,6 @@ Scenarios (each with a model of its own, in the same cluster):
   step ABORT_AT aborts once its gradient is on the parameter server, before the rest of the
   values its step's writes need leave it (they wait for the abort): the step's writes must
   not have begun.
-* ``lost_writing`` (the same): that worker aborts once the parameter server holds every value
-  of its step's writes, while the server makes them: the server must finish them and the mark
-  without it, so that the coordinator's re-run is skipped.
 """
 import os
 import sys
@@ -110,7 +107,7 @@ def main(outdir, scenarios):
         np.savez(os.path.join(outdir, "early_stopping.npz"), epochs=len(history.history["loss"]),
                  iterations=int(np.asarray(optimizer.iterations)), steps_per_epoch=5)
 
-    for name in ("lost_after_update", "lost_sending", "lost_writing"):
+    for name in ("lost_after_update", "lost_sending"):
         if name in scenarios:
             linear_fit(outdir, strategy, keras, dataset_fn, name)
 
@@ -174,10 +171,10 @@ def tracing_step_id():
     return once.AppliedSteps._traced_step_id
 
 
-def abort_while_unit(step_id_to_lose, fired, claims, when):
+def abort_while_sending(step_id_to_lose, fired, claims):
     """Wraps AppliedSteps.on_ps (and run, to know which step is traced): the worker of step
-    `step_id_to_lose` aborts `when` = "sending" (its gradients are on the parameter server and
-    the rest of the unit's values wait for the abort) or "writing" (the server holds them all)."""
+    `step_id_to_lose` aborts once its gradients are on the parameter server, the rest of the
+    unit's values waiting for the abort."""
     import tensorflow as tf
 
     from tfsyncmodes.keras import once
@@ -198,17 +195,8 @@ def abort_while_unit(step_id_to_lose, fired, claims, when):
             rest = tf.nest.map_structure(lambda t: None if t is None else tf.identity(t), rest)
         return on_ps(self, writes, grads, *rest)
 
-    def writing(self, writes, *values):
-        def writes_and_abort(*held):  # on the server, once every value is there
-            first = [v for v in tf.nest.flatten(held) if v is not None][0]
-            with tf.device(None):  # the worker's; stateful, so it runs though nothing waits for it
-                with tf.control_dependencies([first]):
-                    abort_once(step_id_to_lose, fired, claims, "lost while its step is written")
-            return writes(*held)
-        return on_ps(self, writes_and_abort, *values)
-
     once.AppliedSteps.run = traced_run
-    once.AppliedSteps.on_ps = sending if when == "sending" else writing
+    once.AppliedSteps.on_ps = sending
 
 
 def linear_fit(outdir, strategy, keras, dataset_fn, name):
@@ -230,7 +218,7 @@ def linear_fit(outdir, strategy, keras, dataset_fn, name):
     if name == "lost_after_update":
         abort_after(ABORT_AT if exactly_once else 0, fired, claims)
     else:
-        abort_while_unit(ABORT_AT, fired, claims, name[len("lost_"):])
+        abort_while_sending(ABORT_AT, fired, claims)
     history = strategy.fit(model, lambda context: dataset_fn(context).map(
         lambda features, labels: (features, tf.cast(labels, tf.float32))),
         epochs=2, steps_per_epoch=ONCE_STEPS, verbose=0)

@@ -13,8 +13,8 @@ Two parts make it once:
   on the parameter server by one ``IdentityN`` there, and every write op is placed there and
   runs after it. A worker lost before the server holds them all leaves nothing written; once
   it does, the server needs nothing more from the worker, and finishes the writes and the mark
-  on its own unless its call is cancelled first (below; tested: a worker aborted at either
-  point, `tests/test_async_exact.py`).
+  on its own unless its call is cancelled first (below; tested: a worker aborted while
+  sending, `tests/test_async_exact.py`).
 * **A mark per step** (:class:`AppliedSteps`): a ring of ``size`` int64 slots on the server,
   step ``i`` marking slot ``i % size`` with ``i + 1`` after every variable it wrote holds its
   update. Every step carries its id as an argument of the scheduled function, so the
