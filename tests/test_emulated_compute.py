@@ -121,3 +121,49 @@ def test_the_pipeline_waits_each_drawn_delay():
     expected = float(np.sum(factors)) * compute_ms / 2 / 1000  # this worker's half of the batch
     # Each step waits its delay once: a pipeline that waited twice (or not at all) is out of bounds.
     assert expected * 0.95 < elapsed < expected * 1.25 + 0.1, (elapsed, expected)
+
+
+def _ancestors(op) -> set:
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent.name not in seen:
+                seen.add(parent.name)
+                todo.append(parent)
+    return seen
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_the_emulated_models_variables_are_read_after_its_batch(ordered):
+    """The trainer's MLP under --compute_ms reads its variables once the batch (whose GetNext
+    holds the emulated wait) is in, as a real forward pass needs its variables before it
+    computes: in async mode those reads are the pulls from the parameter servers. A plain
+    Sequential reads them beside the batch (the second case says the graph check can tell)."""
+    from tfsyncmodes.keras.compat import keras
+
+    layers = [keras.Input((4,)), keras.layers.Dense(3, activation="relu"), keras.layers.Dense(2)]
+    model = emulated_compute.ReadsAfterBatch(layers) if ordered else keras.Sequential(layers)
+    iterator = iter(tf.data.Dataset.from_tensors(tf.ones([2, 4])).repeat())
+
+    @tf.function
+    def forward(iterator):
+        return model(next(iterator), training=True)
+
+    graph = forward.get_concrete_function(iterator).graph
+    batch = [op.name for op in graph.get_operations() if op.type.startswith("IteratorGetNext")]
+    reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp"]
+    assert len(batch) == 1 and len(reads) == 4  # two kernels, two biases
+    after = [batch[0] in _ancestors(read) for read in reads]
+    assert after == [ordered] * 4
+
+
+def test_the_emulated_model_saves_and_loads(tmp_path):
+    from tfsyncmodes.keras.compat import keras
+
+    model = emulated_compute.ReadsAfterBatch([keras.Input((4,)), keras.layers.Dense(2)])
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert type(loaded) is emulated_compute.ReadsAfterBatch
+    np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(model(x)))

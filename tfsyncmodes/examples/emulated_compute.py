@@ -18,6 +18,12 @@ counts the batches the worker's input pipeline hands out. A window in seconds (`
 is read from the clock when a step asks for its wait, from the worker's first step: it covers
 the same stretch of time in every mode, where a window of steps lasts longer in a mode that
 runs the slow worker's steps at its own pace (hybrid) than in one that waits for it (sync).
+
+The wait is in the batch's ``GetNext``, and nothing orders a step's reads of the variables after
+it: in async mode the forward pass's pulls from the parameter servers would run during the wait,
+where a real forward pass needs its variables before it computes. The MLP the trainer builds
+under ``--compute_ms`` is therefore a :class:`ReadsAfterBatch`: its variables are read once the
+batch (the wait) is in, so an async step is pull, compute, push, in turn, as on real hardware.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from absl import flags
 from tensorflow.python.data.experimental.ops import testing
 
 from tfsyncmodes.errors import ConfigError
+from tfsyncmodes.keras.compat import keras
 
 flags.DEFINE_float("compute_ms", 0.0,
                    "Emulated compute for benchmarks: a step on --batch_size samples also waits this many "
@@ -172,3 +179,14 @@ def _in_step(dataset: tf.data.Dataset) -> tf.data.Dataset:
     options.experimental_optimization.inject_prefetch = False
     options.experimental_optimization.map_parallelization = False  # a parallel map reads ahead too
     return dataset.with_options(options)
+
+
+@keras.saving.register_keras_serializable(package="tfsyncmodes.examples")
+class ReadsAfterBatch(keras.Sequential):
+    """A Sequential model whose every op of the forward pass, the variables' reads included,
+    waits for its inputs: the emulated compute's wait comes before the parameter servers'
+    pulls, not beside them (eager calls, as the chief's evaluation, are unaffected)."""
+
+    def call(self, inputs, training=None, mask=None):
+        with tf.control_dependencies(tf.nest.flatten(inputs)):
+            return super().call(inputs, training=training, mask=mask)

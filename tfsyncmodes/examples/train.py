@@ -116,7 +116,9 @@ def build_model(num_features: int):
     keras.utils.set_random_seed(FLAGS.seed)
     if FLAGS.model:
         return _import_hook("--model", FLAGS.model)(num_features, NUM_CLASSES)
-    return keras.Sequential([
+    # Under emulated compute the variables are read after the batch's wait (see ReadsAfterBatch).
+    sequential = emulated_compute.ReadsAfterBatch if FLAGS.compute_ms > 0 else keras.Sequential
+    return sequential([
         keras.Input((num_features,)),
         keras.layers.Dense(FLAGS.hidden_units, activation="relu"),
         keras.layers.Dense(FLAGS.hidden_units, activation="relu"),
