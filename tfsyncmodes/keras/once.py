@@ -145,7 +145,13 @@ class AppliedSteps:
     def mark(self, step_id, written: Iterable) -> tf.Operation:
         """Marks `step_id` once each variable in `written` has taken this step's writes (a read
         of each, ordered after its writes by the function's automatic control dependencies)."""
-        reads = [r.read_value().op for v in written for r in _resources(v)]
+        # A read's value is an Identity made where the read is: made in the replica function it
+        # would be the worker's, and every written variable (the model and its slots) would be
+        # sent to the worker each step only to order the mark. On the ring's server (one ps:
+        # every variable's) nothing moves; several servers cannot send to each other, so there
+        # the reads stay where they are made.
+        with tf.device(self.ring.device if self.one_unit else None):
+            reads = [r.read_value().op for v in written for r in _resources(v)]
         with tf.device(self.ring.device), tf.control_dependencies(reads):
             return self.ring.scatter_update(tf.IndexedSlices(
                 tf.reshape(step_id + 1, [1]), tf.reshape(self._slot(step_id), [1]))).op
