@@ -53,20 +53,54 @@ def make_parameter_server_strategy(config: SyncConfig, tf_config: Optional[TFCon
     return AsyncStrategy(config, tf_config)
 
 
-def _reachable(address: str, timeout: float = 1.0) -> bool:
+SILENT_SECONDS = 30.0  # a chief that neither answers nor refuses this long is taken as gone
+
+
+def probe(address: str, timeout: float = 1.0) -> Optional[bool]:
+    """True: the address answered; False: it refused (its host is up and nothing listens
+    there: the chief's process is gone); None: no answer within `timeout` (a link that drops
+    or queues the connection's packets, as a saturated one does, or a host that is gone)."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
             return True
-    except OSError:
+    except ConnectionRefusedError:
         return False
+    except OSError:
+        return None
+
+
+class ChiefWatch:
+    """Whether a task's chief has come and gone, from probes of its server's address: gone once
+    it refuses after having answered, or after answering nothing for `silent` seconds. One probe
+    that times out is not enough: on a saturated link (an async worker's pushes fill it) a
+    connection's first packets can wait longer than a probe does."""
+
+    def __init__(self, address: str, silent: float = SILENT_SECONDS, clock: Callable[[], float] = time.monotonic):
+        self.address, self.silent, self.clock = address, silent, clock
+        self.seen = False
+        self._quiet_since: Optional[float] = None
+
+    def gone(self, timeout: float = 1.0) -> bool:
+        up = probe(self.address, timeout)
+        if up:
+            self.seen, self._quiet_since = True, None
+            return False
+        if not self.seen:
+            return False
+        if up is False:
+            return True
+        now = self.clock()
+        self._quiet_since = now if self._quiet_since is None else self._quiet_since
+        return now - self._quiet_since >= self.silent
 
 
 def serve(config: SyncConfig, tf_config: TFConfig) -> None:
     """Runs this task's server until the chief has come and gone, then exits the process.
 
     A ``tf.distribute.Server`` has no way to stop; the chief's own server address is the sign
-    of life: once it has answered and then stops answering, the job is over. A chief that never
+    of life: once it has answered and then refuses, or answers nothing for
+    :data:`SILENT_SECONDS` (:class:`ChiefWatch`), the job is over. A chief that never
     comes within ``collective_timeout`` seconds is an error.
     """
     task = f"{tf_config.task_type}:{tf_config.task_index}"
@@ -83,15 +117,13 @@ def serve(config: SyncConfig, tf_config: TFConfig) -> None:
             throttle_self(factor)
     chief = tf_config.cluster["chief"][0]
     started = time.monotonic()
-    seen = False
+    watch = ChiefWatch(chief)
     while True:
-        up = _reachable(chief)
-        seen = seen or up
-        if seen and not up:
+        if watch.gone():
             print(f"tfsyncmodes: {task}: chief {chief} is gone; exiting", file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(EXIT_SERVED)
-        if not seen and time.monotonic() - started > config.collective_timeout:
+        if not watch.seen and time.monotonic() - started > config.collective_timeout:
             print(f"tfsyncmodes: error: {task}: the chief at {chief} did not start within "
                   f"{config.collective_timeout:g}s; start the chief task or raise --sync_collective_timeout",
                   file=sys.stderr, flush=True)
@@ -165,7 +197,7 @@ class AsyncStrategy(ModeStrategy):
         runs their steps on the others)."""
         self.coordinator.join()
         for index, address in enumerate(self.cluster.cluster["worker"]):
-            reachable = _reachable(address)
+            reachable = bool(probe(address))
             if index not in self.lost_workers and not reachable:
                 self.lost_workers.add(index)
                 logging.warning("worker:%d at %s was lost; its steps run on the other workers",
@@ -176,7 +208,7 @@ class AsyncStrategy(ModeStrategy):
 
     def parameter_server_lost(self, error: Exception) -> JobFailure:
         """The failure to report when a parameter server stopped answering."""
-        lost = [f"ps:{i} at {a}" for i, a in enumerate(self.cluster.cluster["ps"]) if not _reachable(a)]
+        lost = [f"ps:{i} at {a}" for i, a in enumerate(self.cluster.cluster["ps"]) if not probe(a)]
         return JobFailure(f"{', '.join(lost) or 'a parameter server'} is unreachable and training cannot "
                           f"go on ({type(error).__name__}); restart the cluster with the same --model_dir "
                           "to resume from the last finished epoch")
