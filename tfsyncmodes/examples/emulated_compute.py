@@ -19,11 +19,13 @@ is read from the clock when a step asks for its wait, from the worker's first st
 the same stretch of time in every mode, where a window of steps lasts longer in a mode that
 runs the slow worker's steps at its own pace (hybrid) than in one that waits for it (sync).
 
-The wait is in the batch's ``GetNext``, and nothing orders a step's reads of the variables after
-it: in async mode the forward pass's pulls from the parameter servers would run during the wait,
-where a real forward pass needs its variables before it computes. The MLP the trainer builds
-under ``--compute_ms`` is therefore a :class:`ReadsAfterBatch`: its variables are read once the
-batch (the wait) is in, so an async step is pull, compute, push, in turn, as on real hardware.
+The wait is in the batch's ``GetNext``, and nothing else orders a step's reads of the variables
+after it: in async mode the forward pass's pulls from the parameter servers could run during
+the wait, where a real forward pass needs its variables before it computes. The MLP the trainer
+builds under ``--compute_ms`` is therefore a :class:`ReadsAfterBatch`: its variables are read
+once the batch (the wait) is in, so an async step is pull, compute, push, in turn, as on real
+hardware (on the bed the rates did not move with it: docs/BENCHMARKS.md, *The async rows taken
+again*).
 """
 from __future__ import annotations
 
