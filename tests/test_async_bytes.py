@@ -1,8 +1,11 @@
 """What an async step sends: the model once from the parameter server (the forward pass's
 reads) and the gradients once to it, with the exactly-once unit on (the default) or off,
 under Keras 3 and tf_keras. Counted in the TCP bytes of a real 2-worker gRPC cluster that the
-launcher starts in its loopback-only namespace; the chief's task prints the namespace's
-sockets (``ss``) after training, while the ps and worker servers still hold them."""
+launcher starts in its loopback-only namespace. The chief's task samples the namespace's
+sockets (``ss``) five times a second through training and once after it, while the ps and
+worker servers still hold them; a connection's bytes are its last sample's, so a connection
+that gRPC closes and opens again during the run is counted whole (to within a sample). The
+chief's own connections (its checkpoints' and evaluation's reads, its dispatch) are left out."""
 import json
 import re
 
@@ -14,33 +17,47 @@ pytestmark = pytest.mark.slow
 HIDDEN = 256
 PARAMETERS = 64 * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * 10 + 10  # the trainer's MLP
 TASK = """#!/bin/sh
+case "$TF_CONFIG" in *'"type": "chief"'*)
+  echo "CLUSTER $TF_CONFIG"
+  (while :; do ss -tinpH state established; sleep 0.2; done) >> "{samples}" &
+  sampler=$!;;
+esac
 "$@"; status=$?
-case "$TF_CONFIG" in *'"type": "chief"'*) echo "CLUSTER $TF_CONFIG"; ss -tin state established;; esac
+if [ -n "$sampler" ]; then kill $sampler; ss -tinpH state established >> "{samples}"; fi
 exit $status
 """
 
 
-def sent_from(output: str, port: int) -> int:
-    """Bytes sent by the sockets whose local port is `port` (``ss -tin`` lines as the launcher
-    prefixes them: an address line, then its counters)."""
-    total, local = 0, None
-    for line in output.splitlines():
-        line = re.sub(r"^\[[a-z]+:\d+\] ", "", line)
-        address = re.match(r"\s*\d+\s+\d+\s+\S+:(\d+)\s+\S+:\d+", line)
+def connections(samples: str) -> dict:
+    """Each connection's (local port, peer port) -> (its process id, bytes sent) as of its last
+    ``ss -tinp`` sample (an address line, then its counters)."""
+    sent, key = {}, None
+    for line in samples.splitlines():
+        address = re.match(r"\s*\d+\s+\d+\s+\S+:(\d+)\s+\S+:(\d+).*pid=(\d+)", line)
         if address:
-            local = int(address.group(1))
+            key, pid = (int(address.group(1)), int(address.group(2))), int(address.group(3))
             continue
         counted = re.search(r"bytes_sent:(\d+)", line)
-        if counted and local == port:
-            total += int(counted.group(1))
-    return total
+        if counted and key is not None:
+            sent[key] = (pid, int(counted.group(1)))
+    return sent
+
+
+def sent_to_tasks(sent: dict, servers: set, port: int) -> int:
+    """Bytes sent by the server listening on `port` over its connections from the ps and the
+    workers (the processes that own the `servers` ports' accepted sockets), not from the chief,
+    whose own reads (its checkpoints and evaluation) and dispatch are not a step's."""
+    tasks = {pid for (local, _), (pid, _) in sent.items() if local in servers}
+    task_ports = {local for (local, _), (pid, _) in sent.items() if pid in tasks}
+    return sum(count for (local, peer), (_, count) in sent.items() if local == port and peer in task_ports)
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
 @pytest.mark.parametrize("exactly_once", [True, False])
 def test_an_async_step_moves_the_model_once_each_way(tmp_path, legacy, exactly_once):
     task = tmp_path / "task.sh"
-    task.write_text(TASK)
+    samples = tmp_path / "ss.txt"
+    task.write_text(TASK.replace("{samples}", str(samples)))
     task.chmod(0o755)
     metrics = tmp_path / "metrics.json"
     result = run_checked(
@@ -54,8 +71,10 @@ def test_an_async_step_moves_the_model_once_each_way(tmp_path, legacy, exactly_o
     port = lambda address: int(address.rsplit(":", 1)[1])  # noqa: E731
     steps = json.loads(metrics.read_text())["steps"]
     model = PARAMETERS * 4
-    pulled = sent_from(output, port(cluster["ps"][0])) / steps  # to the workers (and the chief)
-    pushed = sum(sent_from(output, port(w)) for w in cluster["worker"]) / steps  # fetched by the ps
+    sent = connections(samples.read_text())
+    servers = {port(address) for address in cluster["ps"] + cluster["worker"]}
+    pulled = sent_to_tasks(sent, servers, port(cluster["ps"][0])) / steps  # to the workers
+    pushed = sum(sent_to_tasks(sent, servers, port(w)) for w in cluster["worker"]) / steps  # fetched by the ps
     # Each way: the model's float32 bytes, plus gRPC's framing and the step's small tensors.
-    assert 0.95 * model < pulled < 1.15 * model, (pulled / model, steps)
-    assert 0.95 * model < pushed < 1.15 * model, (pushed / model, steps)
+    assert 0.95 * model < pulled < 1.15 * model, (pulled / model, steps, sent)
+    assert 0.95 * model < pushed < 1.15 * model, (pushed / model, steps, sent)

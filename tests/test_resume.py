@@ -34,8 +34,14 @@ def launch(args, train):
     return [PYTHON, "-m", "tfsyncmodes.launch", *args, "--timeout", "400", "--", *train]
 
 
+# Each step waits 30 ms (emulated compute), so an epoch lasts at least 0.66 s and the kill,
+# sent within 0.2 s of epoch 2's backup, lands before the last epoch ends: one process on
+# MirroredStrategy otherwise ran all five epochs (3 ms a step) before it could be killed.
+SLOW_STEPS = "--compute_ms=30"
+
+
 def command(backend, model_dir, metrics, epochs=EPOCHS):
-    train = [PYTHON, os.path.join(REPO, "scripts", "train.py"), *BACKENDS[backend], MODEL_HOOK,
+    train = [PYTHON, os.path.join(REPO, "scripts", "train.py"), *BACKENDS[backend], MODEL_HOOK, SLOW_STEPS,
              f"--epochs={epochs}", f"--model_dir={model_dir}", f"--metrics_file={metrics}"]
     if backend == "mirrored":
         return train
