@@ -24,8 +24,14 @@ after it: in async mode the forward pass's pulls from the parameter servers coul
 the wait, where a real forward pass needs its variables before it computes. The MLP the trainer
 builds under ``--compute_ms`` is therefore a :class:`ReadsAfterBatch`: its variables are read
 once the batch (the wait) is in, so an async step is pull, compute, push, in turn, as on real
-hardware (on the bed the rates did not move with it: docs/BENCHMARKS.md, *The async rows taken
-again*).
+hardware.
+
+Nor may the wait be read ahead. tf.distribute hands each parameter-server worker its batches
+through a ``MultiDeviceIterator``, which fetches the next batch in the background, so the next
+step's wait ran during this step's pull and push, and a 2-worker async run on the bed's 10gbit
+class ran 40 % faster than pull, compute and push in turn allow (docs/BENCHMARKS.md). Under
+``--compute_ms`` the trainer makes async workers' iterators with :func:`input_options`: a
+buffer of none, so a worker makes each batch when its step asks for it.
 """
 from __future__ import annotations
 
@@ -181,6 +187,17 @@ def _in_step(dataset: tf.data.Dataset) -> tf.data.Dataset:
     options.experimental_optimization.inject_prefetch = False
     options.experimental_optimization.map_parallelization = False  # a parallel map reads ahead too
     return dataset.with_options(options)
+
+
+def input_options(async_mode: bool):
+    """The ``tf.distribute.InputOptions`` under which an async worker reads its batch (and its
+    wait) when its step asks for it: the ``MultiDeviceIterator``'s buffer holds none (a plain
+    iterator, ``PER_REPLICA`` without fetching to the device, cannot be passed to the
+    coordinator's ``tf.function`` in TensorFlow 2.21). None in the other modes: a Horovod rank
+    reads its dataset itself, and :func:`_in_step` already keeps tf.data from reading ahead."""
+    if not async_mode:
+        return None
+    return tf.distribute.InputOptions(experimental_per_replica_buffer_size=0)
 
 
 @keras.saving.register_keras_serializable(package="tfsyncmodes.examples")

@@ -221,8 +221,10 @@ def train(argv):
     # look at the logs. ParameterServerStrategy refuses batch-level callbacks: async leaves it out.
     if FLAGS.eval_each_epoch and strategy.is_chief and strategy.backend != "parameter_server":
         extra.append(FirstStep())
+    # Under emulated compute an async worker reads no batch, and so no wait, ahead of its step.
+    options = emulated_compute.input_options(strategy.mode == "async") if FLAGS.compute_ms > 0 else None
     history = strategy.fit(model, dataset_fn, epochs=FLAGS.epochs, steps_per_epoch=steps_per_epoch,
-                           callbacks=callbacks + extra)
+                           callbacks=callbacks + extra, input_options=options)
     seconds = time.perf_counter() - started
 
     if strategy.is_chief:

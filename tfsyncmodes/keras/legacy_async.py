@@ -118,7 +118,7 @@ def one_unit_train_step(model, once, record):
     return train_step
 
 
-def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verbose):
+def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verbose, input_options=None):
     optimizer = model.optimizer
     if not hasattr(optimizer, "begin_step"):
         raise TypeError("async training needs the optimizer from tfsyncmodes.wrap(optimizer, 'async')")
@@ -188,7 +188,7 @@ def fit_legacy(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callback
         model.make_train_function = applied_once(model, once, (last_staleness, epoch_dropped))
         model.train_function = None  # built again, with step ids
     try:
-        history = model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=epochs,
+        history = model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn, input_options), epochs=epochs,
                             steps_per_epoch=steps_per_epoch, callbacks=list(callbacks),
                             verbose=2 if verbose else 0)  # tf_keras refuses a per-step bar here
         skipped = int(once.skipped.numpy()) if getattr(once, "skipped", None) is not None else 0

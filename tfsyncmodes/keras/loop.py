@@ -50,9 +50,10 @@ def sample_batch(dataset_fn: Callable, num_replicas: int):
 class StrategyRunner(StepRunner):
     """Runs ``model.train_step`` on every replica with ``strategy.run`` and averages the logs."""
 
-    def __init__(self, strategy, dataset_fn: Callable):
+    def __init__(self, strategy, dataset_fn: Callable, input_options=None):
         self.strategy = strategy
         self.dataset_fn = dataset_fn
+        self.input_options = input_options
 
     def prepare(self, model, steps_per_epoch: int) -> None:
         del steps_per_epoch
@@ -60,7 +61,7 @@ class StrategyRunner(StepRunner):
         batch = sample_batch(self.dataset_fn, self.strategy.num_replicas_in_sync)
         with tf_strategy.scope():
             model._symbolic_build(data_batch=batch)
-        self._iterator = iter(tf_strategy.distribute_datasets_from_function(self.dataset_fn))
+        self._iterator = iter(tf_strategy.distribute_datasets_from_function(self.dataset_fn, self.input_options))
 
         @tf.function
         def train_function(iterator):
@@ -131,9 +132,10 @@ class CoordinatorRunner(StepRunner):
     (:class:`~tfsyncmodes.keras.once.AppliedSteps`).
     """
 
-    def __init__(self, strategy, dataset_fn: Callable):
+    def __init__(self, strategy, dataset_fn: Callable, input_options=None):
         self.strategy = strategy
         self.dataset_fn = dataset_fn
+        self.input_options = input_options
 
     def prepare(self, model, steps_per_epoch: int) -> None:
         tf_strategy = self.strategy.tf_strategy
@@ -147,7 +149,7 @@ class CoordinatorRunner(StepRunner):
                           if exactly_once else AtLeastOnce())
         make_metrics_atomic(model)
         self._model = model
-        self._iterator = iter(self.strategy.distribute_datasets_from_function(self.dataset_fn))
+        self._iterator = iter(self.strategy.distribute_datasets_from_function(self.dataset_fn, self.input_options))
         self._worker_function = tf.function(self.worker_step)
         self._optimizer = model.optimizer
         self._pending = []

@@ -189,13 +189,14 @@ class ModeStrategy:
 
     def fit(self, model, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset], *,
             epochs: int = 1, steps_per_epoch: Optional[int] = None, callbacks: Sequence = (),
-            verbose: Optional[int] = None):
+            verbose: Optional[int] = None, input_options: Optional[tf.distribute.InputOptions] = None):
         """Trains a compiled `model` on the per-replica-batched datasets `dataset_fn` makes.
 
         The mode's required callbacks are added in front of `callbacks` unless they are
-        there already (e.g. from :meth:`callbacks`). Returns the History.
+        there already (e.g. from :meth:`callbacks`). `input_options` go to
+        ``distribute_datasets_from_function`` as tf.distribute's do. Returns the History.
         """
-        dataset = self.distribute_datasets_from_function(dataset_fn)
+        dataset = self.distribute_datasets_from_function(dataset_fn, input_options)
         if verbose is None:
             verbose = self.default_verbose()
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,

@@ -68,9 +68,12 @@ class HorovodStrategy(ModeStrategy):
         return self.hvd.size()
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):
-        """This rank's dataset: `dataset_fn` called with this rank's input context."""
+        """This rank's dataset: `dataset_fn` called with this rank's input context. `options`
+        (``tf.distribute.InputOptions``) place and prefetch a worker's replicas' batches; a rank
+        is one replica that reads its own dataset where it runs, so none of them applies (a
+        ``tf.data.Options`` is applied to the dataset)."""
         dataset = dataset_fn(self.input_context())
-        return dataset.with_options(options) if options is not None else dataset
+        return dataset.with_options(options) if isinstance(options, tf.data.Options) else dataset
 
     def experimental_distribute_dataset(self, dataset, options=None):
         """Splits each global batch of `dataset` into equal per-replica pieces and keeps this
@@ -94,12 +97,14 @@ class HorovodStrategy(ModeStrategy):
     def run(self, fn, args=(), kwargs=None):
         return fn(*args, **(kwargs or {}))
 
-    def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None):
+    def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None,
+            input_options=None):
         """As :meth:`ModeStrategy.fit`; with ``elastic`` on, through Horovod's elastic loop
-        (:mod:`tfsyncmodes.strategies.elastic`)."""
+        (:mod:`tfsyncmodes.strategies.elastic`). `input_options` apply to no rank (see
+        :meth:`distribute_datasets_from_function`)."""
         if not self.config.elastic:
             return super().fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                               callbacks=callbacks, verbose=verbose)
+                               callbacks=callbacks, verbose=verbose, input_options=input_options)
         return elastic.fit(self, model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
                            callbacks=callbacks,
                            verbose=self.default_verbose() if verbose is None else verbose)

@@ -59,13 +59,14 @@ class MultiWorkerStrategy(ModeStrategy):
     def num_workers(self) -> int:
         return self.cluster.num_workers
 
-    def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None):
+    def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None,
+            input_options=None):
         """tf_keras trains with ``model.fit``; Keras 3's ``fit`` fails under this strategy, so
         Keras 3 models train in tfsyncmodes' own fit-like loop."""
         if compat.LEGACY:
             return super().fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                               callbacks=callbacks, verbose=verbose)
-        return fit_loop(model, StrategyRunner(self, dataset_fn), epochs=epochs,
+                               callbacks=callbacks, verbose=verbose, input_options=input_options)
+        return fit_loop(model, StrategyRunner(self, dataset_fn, input_options), epochs=epochs,
                         steps_per_epoch=steps_per_epoch,
                         callbacks=self.with_required_callbacks(callbacks),
                         verbose=self.default_verbose() if verbose is None else verbose)

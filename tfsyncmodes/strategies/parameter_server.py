@@ -226,9 +226,11 @@ class AsyncStrategy(ModeStrategy):
     def _backup_writes(self):
         return None if compat.LEGACY else True  # tf_keras coordinates its own writers here
 
-    def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None):
+    def fit(self, model, dataset_fn, *, epochs=1, steps_per_epoch=None, callbacks=(), verbose=None,
+            input_options=None):
         """tf_keras trains with ``model.fit`` (it supports this strategy); Keras 3 refuses it, so
-        Keras 3 models train in tfsyncmodes' fit-like loop on the coordinator."""
+        Keras 3 models train in tfsyncmodes' fit-like loop on the coordinator. Every worker's
+        iterator is made with `input_options` (tf.distribute's default reads one batch ahead)."""
         callbacks = self.with_required_callbacks(callbacks)
         verbose = self.default_verbose() if verbose is None else verbose
         if compat.LEGACY:
@@ -236,9 +238,9 @@ class AsyncStrategy(ModeStrategy):
             from tfsyncmodes.keras.legacy_async import fit_legacy
 
             return fit_legacy(self, model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                              callbacks=callbacks, verbose=verbose)
+                              callbacks=callbacks, verbose=verbose, input_options=input_options)
         try:
-            return fit_loop(model, CoordinatorRunner(self, dataset_fn), epochs=epochs,
+            return fit_loop(model, CoordinatorRunner(self, dataset_fn, input_options), epochs=epochs,
                             steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=verbose)
         except _LOST_PEER_ERRORS as error:
             raise self.parameter_server_lost(error) from None
