@@ -269,7 +269,7 @@ def write(runs: dict, measured: float) -> None:
     result = {"ranks": FLAGS.ranks, "hosts": hosts_layout(FLAGS.ranks), "link": FLAGS.link, "compute": FLAGS.compute,
               "shaped": cal.tc_rate(FLAGS.link, FLAGS.step_ms), "measured_mbit_s": round(measured / 1e6, 2),
               "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link, FLAGS.step_ms), 1),
-              "emulated_step_ms": FLAGS.step_ms, "hybrid_exchange": "slices", "plan_rule": "most_steps", "policy_rule": "barrier", "reads_after_wait": True,
+              "emulated_step_ms": FLAGS.step_ms, "hybrid_exchange": "slices", "plan_rule": "most_steps", "policy_rule": "barrier", "reads_after_wait": True, "async_reads_ahead": False,
               "switch_threshold": knobs.KNOBS_BY_KEY["switch_threshold"].default, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
               "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
