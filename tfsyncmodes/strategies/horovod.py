@@ -77,7 +77,8 @@ class HorovodStrategy(ModeStrategy):
 
     def experimental_distribute_dataset(self, dataset, options=None):
         """Splits each global batch of `dataset` into equal per-replica pieces and keeps this
-        rank's, as MirroredStrategy does with its replicas."""
+        rank's, as MirroredStrategy does with its replicas (`options`: as in
+        :meth:`distribute_datasets_from_function`)."""
         batch = dataset.element_spec
         first = tf.nest.flatten(batch)[0]
         global_batch = first.shape[0] if first.shape.rank else None
@@ -87,7 +88,7 @@ class HorovodStrategy(ModeStrategy):
                 "with drop_remainder=True, or use distribute_datasets_from_function")
         dataset = dataset.rebatch(self.per_replica_batch_size(global_batch)).shard(
             self.num_workers, self.worker_index)
-        return dataset.with_options(options) if options is not None else dataset
+        return dataset.with_options(options) if isinstance(options, tf.data.Options) else dataset
 
     def reduce(self, reduce_op, value, axis=None):
         if axis is not None:
