@@ -30,7 +30,6 @@ def test_a_rank_gets_its_batches_with_either_kind_of_options():
         own = [own[i:i + 2] for i in range(0, len(own), 2)]
         for name in ("none", "input_options", "data_options"):
             seen = r["seen"][name]
-            assert [np.asarray(b) for b in seen["distribute_dataset"]] and all(
-                np.array_equal(a, b) for a, b in zip(seen["distribute_dataset"], split, strict=True)), (name, seen)
+            assert all(np.array_equal(a, b) for a, b in zip(seen["distribute_dataset"], split, strict=True)), (name, seen)
             assert all(np.array_equal(a, b) for a, b in zip(seen["from_function"], own, strict=True)), (name, seen)
         assert r["seen"]["data_options"]["data_options_kept"]
