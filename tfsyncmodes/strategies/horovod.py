@@ -31,6 +31,13 @@ def init_horovod(timeouts=None):
     return hvd
 
 
+def _with_data_options(dataset: tf.data.Dataset, options) -> tf.data.Dataset:
+    """`dataset` with `options` applied where they are a ``tf.data.Options``; a
+    ``tf.distribute.InputOptions`` places a worker's replicas' batches, which a rank (one
+    replica reading its own dataset) has none of."""
+    return dataset.with_options(options) if isinstance(options, tf.data.Options) else dataset
+
+
 @BACKENDS.register("horovod")
 class HorovodStrategy(ModeStrategy):
     backend = "horovod"
@@ -72,8 +79,7 @@ class HorovodStrategy(ModeStrategy):
         (``tf.distribute.InputOptions``) place and prefetch a worker's replicas' batches; a rank
         is one replica that reads its own dataset where it runs, so none of them applies (a
         ``tf.data.Options`` is applied to the dataset)."""
-        dataset = dataset_fn(self.input_context())
-        return dataset.with_options(options) if isinstance(options, tf.data.Options) else dataset
+        return _with_data_options(dataset_fn(self.input_context()), options)
 
     def experimental_distribute_dataset(self, dataset, options=None):
         """Splits each global batch of `dataset` into equal per-replica pieces and keeps this
@@ -88,7 +94,7 @@ class HorovodStrategy(ModeStrategy):
                 "with drop_remainder=True, or use distribute_datasets_from_function")
         dataset = dataset.rebatch(self.per_replica_batch_size(global_batch)).shard(
             self.num_workers, self.worker_index)
-        return dataset.with_options(options) if isinstance(options, tf.data.Options) else dataset
+        return _with_data_options(dataset, options)
 
     def reduce(self, reduce_op, value, axis=None):
         if axis is not None:
