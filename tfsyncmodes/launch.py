@@ -34,8 +34,6 @@ import argparse
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -43,97 +41,27 @@ from typing import Dict, List, Optional
 
 GRACE_SECONDS = 5.0
 PRIVATE_MARK = "TFSYNCMODES_LAUNCH_PRIVATE"  # set inside the loopback-only namespace
-_PRIVATE_PREFIXES = (("unshare", "--net"), ("unshare", "--user", "--map-root-user", "--net"))
-_LO_UP = ("sh", "-c", 'ip link set lo up 2>/dev/null || ifconfig lo up 2>/dev/null; exec "$@"', "sh")
-
-
-def private_network_prefix() -> List[str]:
-    """A command prefix that runs its command in a new network namespace that has only a
-    loopback interface, or [] where this machine allows none."""
-    for prefix in _PRIVATE_PREFIXES:
-        command = list(prefix + _LO_UP)
-        try:
-            probe = subprocess.run(command + [sys.executable, "-c", _LO_PROBE], timeout=20,
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if probe.returncode == 0 and probe.stdout.strip() == "ok":
-            return command
-    return []
-
 
 # This file alone (it imports nothing from the package, so not TensorFlow), as __main__.
 _RUN_THIS_FILE = "import runpy, sys; path = sys.argv.pop(1); sys.argv[0] = path; runpy.run_path(path, run_name='__main__')"
 
-# Inside the namespace: loopback works and it is the only interface.
-_LO_PROBE = ("import socket\n"
-             "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
-             "socket.create_connection(s.getsockname(), timeout=5).close()\n"
-             "print('ok' if [n for _, n in socket.if_nameindex()] == ['lo'] else 'not private')")
+
+def _sibling(relative: str):
+    """A module of the package next to this file (launch_options.py, launch_processes.py,
+    tf_configs.py, switching/phases/launching.py),
+    loaded by path: like this file, those import nothing from the package, so not TensorFlow."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)
+    name = "tfsyncmodes_launch_" + relative.replace(os.sep, "_").removesuffix(".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def free_ports(count: int) -> List[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def local_cluster(workers: int, ps: int, chief: bool = True) -> Dict[str, List[str]]:
-    """A cluster spec of free 127.0.0.1 ports."""
-    ports = iter(free_ports(int(chief) + workers + ps))
-    cluster = {"chief": [f"127.0.0.1:{next(ports)}"]} if chief else {}
-    cluster["worker"] = [f"127.0.0.1:{next(ports)}" for _ in range(workers)]
-    if ps:
-        cluster["ps"] = [f"127.0.0.1:{next(ports)}" for _ in range(ps)]
-    return cluster
-
-
-def _die_with_parent() -> None:
-    """In the child: be killed when the launcher dies, however it dies (Linux)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-class Task:
-    def __init__(self, role: str, index: int, command: List[str], cluster, lock: threading.Lock):
-        self.name = f"{role}:{index}"
-        self.role = role
-        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": index}}),
-                   PYTHONUNBUFFERED="1")
-        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, text=True, errors="replace",
-                                        start_new_session=True, preexec_fn=_die_with_parent)
-        self._reader = threading.Thread(target=self._relay, args=(lock,), daemon=True)
-        self._reader.start()
-
-    def _relay(self, lock: threading.Lock) -> None:
-        for line in self.process.stdout:
-            with lock:
-                try:
-                    sys.stdout.write(f"[{self.name}] {line}")
-                    sys.stdout.flush()
-                except (BrokenPipeError, ValueError):
-                    pass  # nobody reads our output any more; keep draining the task's
-
-    def signal(self, signum: int) -> None:
-        try:
-            os.killpg(self.process.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def finish_output(self) -> None:
-        self._reader.join(timeout=2.0)
+_processes = _sibling("launch_processes.py")
+Task = _processes.Task
 
 
 class Launcher:
@@ -174,7 +102,7 @@ class Launcher:
 
     def _run_cluster(self, deadline: Optional[float]):
         """Starts every task and waits for the chief; (exit status, whether to start again)."""
-        self.cluster = local_cluster(self.args.workers, self.args.ps)
+        self.cluster = _processes.local_cluster(self.args.workers, self.args.ps)
         self.say("cluster " + json.dumps(self.cluster))
         self.tasks = [self._start(role, index) for role in ("ps", "worker", "chief")
                       for index in range(len(self.cluster.get(role, ())))]
@@ -284,7 +212,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"tfsyncmodes.launch: error: {error}", file=sys.stderr, flush=True)
             return 2
     if not args.share_network and os.environ.get(PRIVATE_MARK) != "1":
-        prefix = private_network_prefix()
+        prefix = _processes.private_network_prefix()
         if prefix:  # the same process (exec), so signals sent to it still reach the launcher
             sys.stdout.flush()
             os.execvpe(prefix[0], prefix + [sys.executable, "-c", _RUN_THIS_FILE, os.path.abspath(__file__), *argv],
@@ -292,20 +220,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if phases is not None and phases.wants_phases(args.command):
         return phases.run(args, Launcher, private=os.environ.get(PRIVATE_MARK) == "1")
     return Launcher(args).run()
-
-
-def _sibling(relative: str):
-    """A module of the package next to this file (launch_options.py, tf_configs.py,
-    switching/phases/launching.py),
-    loaded by path: like this file, those import nothing from the package, so not TensorFlow."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), relative)
-    name = "tfsyncmodes_launch_" + relative.replace(os.sep, "_").removesuffix(".py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 if __name__ == "__main__":
