@@ -221,7 +221,7 @@ def main(argv):
         for repeat in range(FLAGS.repeats):
             for condition in FLAGS.straggler:
                 for mode in FLAGS.modes:
-                    work = tempfile.mkdtemp(dir=tmp)
+                    work, before = tempfile.mkdtemp(dir=tmp), bed.counters()
                     try:
                         result = (run_async(bed, env, condition, work) if mode == "async"
                                   else run_horovod(bed, mesh, mesh.env(env), mode, condition, work))
@@ -237,7 +237,8 @@ def main(argv):
                                  f"(its whole output: {kept})")
                     with open(f"{work}/metrics.json", encoding="utf-8") as handle:
                         run = summarise(mode, json.load(handle))
-                    run["repeat"] = repeat
+                    run["repeat"] = repeat  # and, per host, the link's drops and TCP's resends in this run
+                    run["link"] = {k: [a[k] - b[k] for a, b in zip(bed.counters(), before)] for k in before[0]}
                     if mode == "auto":
                         run.update(auto_pick(result.stdout + result.stderr))
                     runs.setdefault((condition, mode), []).append(run)

@@ -232,6 +232,23 @@ class HostBed:
             subprocess.run(host.wrap(["tc", "qdisc", "replace", "dev", IFACE, "root", "tbf", "rate", rate,
                                       "burst", burst, "latency", latency]), check=True, timeout=30)
 
+    def counters(self) -> List[dict]:
+        """Per host, since its namespace was made: packets its shaped link dropped (``tc -s``:
+        the tbf queue full) and TCP segments it sent again (``/proc/net/snmp`` of its namespace:
+        a loss, or a timeout that thought so)."""
+        out = []
+        for host in self.hosts:
+            qdisc = subprocess.run(host.wrap(["tc", "-s", "qdisc", "show", "dev", IFACE]), stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, text=True, timeout=30).stdout
+            snmp = subprocess.run(host.wrap(["cat", "/proc/net/snmp"]), stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True, timeout=30).stdout
+            dropped = re.search(r"dropped (\d+)", qdisc)
+            tcp = [line.split() for line in snmp.splitlines() if line.startswith("Tcp:")]
+            fields = dict(zip(tcp[0][1:], tcp[1][1:])) if len(tcp) == 2 else {}
+            out.append({"dropped": int(dropped.group(1)) if dropped else 0,
+                        "retransmitted": int(fields.get("RetransSegs", 0))})
+        return out
+
     def close(self) -> None:
         if self._closed:
             return
