@@ -58,6 +58,8 @@ flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 flags.DEFINE_string("render", None, "Run nothing: write the BENCHMARKS.md section of this bed JSON again.")
 flags.DEFINE_integer("ps", 1, "Async's parameter servers, each on a host of its own; more than one splits every "
                      "kernel over them (--sync_ps_shards) under tf_keras, which alone updates split variables.")
+flags.DEFINE_bool("tcp_slow_start_after_idle", True, "The hosts' net.ipv4.tcp_slow_start_after_idle (the "
+                  "kernel's default, 1: a connection idle for a retransmission timeout starts slow again).")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
 FLAGS = flags.FLAGS
 MODES = ("sync", "hybrid", "async", "policy", "auto")  # policy: sync with --sync_switch_policy=straggler
@@ -216,6 +218,7 @@ def main(argv):
     with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks)) + FLAGS.ps * ("async" in FLAGS.modes)) as bed, \
             ssh.SshMesh(bed, tmp) as mesh:
         bed.shape(cal.tc_rate(FLAGS.link, FLAGS.step_ms), burst=cal.tc_burst(FLAGS.link, FLAGS.step_ms))
+        bed.sysctl("net.ipv4.tcp_slow_start_after_idle", str(int(FLAGS.tcp_slow_start_after_idle)))
         measured = link_rate(bed) * 8
         print(f"[bed] link {FLAGS.link}: shaped {cal.tc_rate(FLAGS.link, FLAGS.step_ms)}, measured {measured / 1e6:.2f} Mbit/s", flush=True)
         for repeat in range(FLAGS.repeats):
@@ -274,6 +277,7 @@ def write(runs: dict, measured: float) -> None:
               "switch_threshold": knobs.KNOBS_BY_KEY["switch_threshold"].default, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
               "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
+              "tcp_slow_start_after_idle": FLAGS.tcp_slow_start_after_idle,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
                                                                       FLAGS.ranks, FLAGS.link, FLAGS.step_ms)),
               "async_on": bed_async.describe(FLAGS.ps), "ps": FLAGS.ps, "rows": rows,

@@ -232,6 +232,12 @@ class HostBed:
             subprocess.run(host.wrap(["tc", "qdisc", "replace", "dev", IFACE, "root", "tbf", "rate", rate,
                                       "burst", burst, "latency", latency]), check=True, timeout=30)
 
+    def sysctl(self, name: str, value: str) -> None:
+        """Sets a network sysctl in every host (each namespace has its own, e.g.
+        ``net.ipv4.tcp_slow_start_after_idle``)."""
+        for host in self.hosts:
+            subprocess.run(host.wrap(["sysctl", "-q", "-w", f"{name}={value}"]), check=True, timeout=30)
+
     def counters(self) -> List[dict]:
         """Per host, since its namespace was made: packets its shaped link dropped (``tc -s``:
         the tbf queue full) and TCP segments it sent again (``/proc/net/snmp`` of its namespace:
