@@ -67,6 +67,34 @@ def test_two_host_bed_shapes_its_link_trains_and_tears_down(tmp_path):
     assert bed_leftovers() <= before
 
 
+@pytest.mark.timeout(180)
+def test_a_bed_counts_each_links_drops_and_resends_and_sets_sysctls_per_host():
+    reason = why_no_bed()
+    if reason:
+        pytest.skip(reason)
+    from benchmarks.linkrate import link_rate
+
+    sysctl = ["sysctl", "-n", "net.ipv4.tcp_slow_start_after_idle"]
+    machine = subprocess.run(sysctl, stdout=subprocess.PIPE, text=True, timeout=30).stdout.strip()
+    flipped = "1" if machine == "0" else "0"
+    with netns.HostBed(2) as bed:
+        # A queue of 5 ms at 2 Mbit/s holds about one packet: a 2 s stream from A to B must
+        # overflow it, and TCP must send the lost segments again. B sends only acknowledgements.
+        bed.shape("2mbit", burst="16kb", latency="5ms")
+        bed.sysctl("net.ipv4.tcp_slow_start_after_idle", flipped)
+        inside = [subprocess.run(h.wrap(sysctl), stdout=subprocess.PIPE, text=True, timeout=30).stdout.strip()
+                  for h in bed.hosts]
+        before = bed.counters()
+        rate = link_rate(bed)
+        after = bed.counters()
+    assert inside == [flipped, flipped]
+    assert subprocess.run(sysctl, stdout=subprocess.PIPE, text=True, timeout=30).stdout.strip() == machine
+    assert 0 < rate * 8 < 2.2e6, rate
+    assert after[0]["dropped"] > before[0]["dropped"], (before, after)
+    assert after[0]["retransmitted"] > before[0]["retransmitted"], (before, after)
+    assert after[1]["dropped"] == before[1]["dropped"], (before, after)
+
+
 @pytest.mark.parametrize("module, flag, words", [
     ("bed", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
     ("bed", "--straggler=slowish", "flag: --straggler: 'slowish' is not a condition"),
