@@ -58,6 +58,8 @@ flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 flags.DEFINE_string("render", None, "Run nothing: write the BENCHMARKS.md section of this bed JSON again.")
 flags.DEFINE_integer("ps", 1, "Async's parameter servers, each on a host of its own; more than one splits every "
                      "kernel over them (--sync_ps_shards) under tf_keras, which alone updates split variables.")
+flags.DEFINE_float("queue_ms", 50.0, "The longest a packet may wait in a host's shaped queue (tbf's latency): "
+                   "the queue holds this many ms of the link's rate.")
 flags.DEFINE_bool("tcp_slow_start_after_idle", True, "The hosts' net.ipv4.tcp_slow_start_after_idle (the "
                   "kernel's default, 1: a connection idle for a retransmission timeout starts slow again).")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
@@ -86,6 +88,8 @@ def check() -> None:
         bad("ps", f"{FLAGS.ps} parameter servers", "use 1 to 4 (each is a host of its own)")
     if FLAGS.ps > 1 and "async" not in FLAGS.modes:
         bad("ps", f"{FLAGS.ps} parameter servers but no async run", "add async to --modes, or leave --ps at 1")
+    if not (math.isfinite(FLAGS.queue_ms) and FLAGS.queue_ms >= 1):
+        bad("queue_ms", f"{FLAGS.queue_ms} is not accepted", "use milliseconds >= 1 (tbf's default here: 50)")
     if not (math.isfinite(FLAGS.step_ms) and FLAGS.step_ms >= 1):
         bad("step_ms", f"{FLAGS.step_ms} is not accepted", "use milliseconds >= 1, e.g. 200 for 8 ranks on 2 cores")
     try:
@@ -217,7 +221,8 @@ def main(argv):
     runs = {}
     with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks)) + FLAGS.ps * ("async" in FLAGS.modes)) as bed, \
             ssh.SshMesh(bed, tmp) as mesh:
-        bed.shape(cal.tc_rate(FLAGS.link, FLAGS.step_ms), burst=cal.tc_burst(FLAGS.link, FLAGS.step_ms))
+        bed.shape(cal.tc_rate(FLAGS.link, FLAGS.step_ms), burst=cal.tc_burst(FLAGS.link, FLAGS.step_ms),
+                  latency=f"{FLAGS.queue_ms:g}ms")
         bed.sysctl("net.ipv4.tcp_slow_start_after_idle", str(int(FLAGS.tcp_slow_start_after_idle)))
         measured = link_rate(bed) * 8
         print(f"[bed] link {FLAGS.link}: shaped {cal.tc_rate(FLAGS.link, FLAGS.step_ms)}, measured {measured / 1e6:.2f} Mbit/s", flush=True)
@@ -277,7 +282,7 @@ def write(runs: dict, measured: float) -> None:
               "switch_threshold": knobs.KNOBS_BY_KEY["switch_threshold"].default, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
               "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
-              "tcp_slow_start_after_idle": FLAGS.tcp_slow_start_after_idle,
+              "tcp_slow_start_after_idle": FLAGS.tcp_slow_start_after_idle, "queue_ms": FLAGS.queue_ms,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
                                                                       FLAGS.ranks, FLAGS.link, FLAGS.step_ms)),
               "async_on": bed_async.describe(FLAGS.ps), "ps": FLAGS.ps, "rows": rows,
