@@ -34,12 +34,12 @@ import tempfile
 
 from absl import app, flags
 
-from benchmarks import bed_async, bed_calibration as cal
-from benchmarks.bed_report import section
+from benchmarks import bed_async, bed_calibration as cal, bed_probe
+from benchmarks.bed_report import median_or_none, ratios_to_sync, seconds_to, section
 from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, replace_section, repo_env
 from tfsync_testbed import localrun
 
-flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8.")
+flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8 (1: an async worker alone).")
 flags.DEFINE_enum("link", "1gbit", list(cal.LINK_CLASSES), "Link class between the hosts (scaled, see bed_calibration).")
 flags.DEFINE_list("straggler", ["none", "persistent"], "Conditions: " + ", ".join(cal.STRAGGLERS) + ".")
 flags.DEFINE_list("modes", ["sync", "hybrid", "async"], "Modes: sync, hybrid, async, policy (sync with the "
@@ -73,7 +73,9 @@ def bad(field: str, problem: str, fix: str) -> None:
 
 
 def check() -> None:
-    check_bed_counts("benchmarks.bed", FLAGS)
+    check_bed_counts("benchmarks.bed", FLAGS, (1, 2, 4, 8))
+    if FLAGS.ranks == 1 and FLAGS.modes != ["async"]:
+        bad("ranks", "1 runs an async worker alone (its own rate), no other mode", "use --modes=async, or 2, 4 or 8")
     for name in FLAGS.straggler:
         if name not in cal.STRAGGLERS:
             bad("straggler", f"{name!r} is not a condition", "use " + ", ".join(cal.STRAGGLERS))
@@ -99,7 +101,9 @@ def check() -> None:
 
 
 def hosts_layout(ranks: int) -> list:
-    """Ranks per host: two per host, at least two hosts."""
+    """Ranks per host: two per host, at least two hosts (one: an async worker alone on its host)."""
+    if ranks == 1:
+        return [1]
     hosts = max(2, ranks // 2)
     return [ranks // hosts] * hosts
 
@@ -175,37 +179,6 @@ def auto_pick(log: str) -> dict:
     return {"auto_pick": pick.group(1), "auto_predicted_gain": float(pick.group(2))}
 
 
-def seconds_to(run: dict, target: float, after_first_step: bool = False):
-    """Seconds from the start (or from the first step's end: tracing and start-up, a fixed cost
-    that a long job amortises, left out) to the first epoch end whose loss is `target` or less."""
-    offset = (run.get("first_step_seconds") or 0.0) if after_first_step else 0.0
-    for loss, seconds in zip(run["losses"], run["epoch_seconds"]):
-        if loss <= target:
-            return seconds - offset
-    return None
-
-
-def ratios_to_sync(done: list, sync: list, targets: dict) -> dict:
-    """Per repeat: this run's seconds to each target over the same repeat's sync run's (the runs
-    of a repeat are taken back to back, so they share the machine's state), both counted from
-    the first step's end."""
-    by_repeat = {r["repeat"]: r for r in sync}
-    out = {}
-    for f, t in targets.items():
-        values = []
-        for run in done:
-            other = by_repeat.get(run["repeat"], {"losses": [], "epoch_seconds": []})
-            mine, theirs = seconds_to(run, t, True), seconds_to(other, t, True)
-            values.append(None if mine is None or not theirs else round(mine / theirs, 3))
-        out[str(f)] = values
-    return out
-
-
-def median_or_none(values):
-    values = [v for v in values if v is not None]
-    return round(statistics.median(values), 3) if values else None
-
-
 def main(argv):
     del argv
     if FLAGS.render:
@@ -229,7 +202,7 @@ def main(argv):
         for repeat in range(FLAGS.repeats):
             for condition in FLAGS.straggler:
                 for mode in FLAGS.modes:
-                    work, before = tempfile.mkdtemp(dir=tmp), bed.counters()
+                    work, probe = tempfile.mkdtemp(dir=tmp), bed_probe.Probe(bed)
                     try:
                         result = (run_async(bed, env, condition, work) if mode == "async"
                                   else run_horovod(bed, mesh, mesh.env(env), mode, condition, work))
@@ -245,8 +218,8 @@ def main(argv):
                                  f"(its whole output: {kept})")
                     with open(f"{work}/metrics.json", encoding="utf-8") as handle:
                         run = summarise(mode, json.load(handle))
-                    run["repeat"] = repeat  # and, per host, the link's drops and TCP's resends in this run
-                    run["link"] = {k: [a[k] - b[k] for a, b in zip(bed.counters(), before)] for k in before[0]}
+                    run["repeat"] = repeat
+                    run.update(probe.read())  # the links' drops and resends, the cores busy
                     if mode == "auto":
                         run.update(auto_pick(result.stdout + result.stderr))
                     runs.setdefault((condition, mode), []).append(run)

@@ -1,6 +1,9 @@
 """The BENCHMARKS.md section of one emulated cluster bed run (:mod:`benchmarks.bed`), written
-from the JSON the run left (``python -m benchmarks.bed --render=FILE`` writes it again)."""
+from the JSON the run left (``python -m benchmarks.bed --render=FILE`` writes it again), and the
+figures of its runs: seconds to a loss target, ratios to the same repeat's sync run."""
 from __future__ import annotations
+
+import statistics
 
 
 def section(result: dict, name: str) -> str:
@@ -11,10 +14,13 @@ def section(result: dict, name: str) -> str:
     ranks, link, epochs, repeats, compute = (result[k] for k in ("ranks", "link", "epochs", "repeats", "compute"))
     step_ms = result.get("emulated_step_ms", 50.0)
     step_flag = "" if step_ms == 50.0 else f" --step_ms={step_ms:g}"
-    ps_flag = "" if result.get("ps", 1) == 1 else f" --ps={result['ps']}"
+    more_flags = "" if result.get("ps", 1) == 1 else f" --ps={result['ps']}"
+    more_flags += "" if result.get("queue_ms", 50.0) == 50.0 else f" --queue_ms={result['queue_ms']:g}"
+    more_flags += "" if result.get("tcp_slow_start_after_idle", True) else " --notcp_slow_start_after_idle"
+    more_flags += f" --extra_flags='{result['extra_flags']}'" if result.get("extra_flags") else ""
     lines = [f"## Emulated cluster bed: {ranks} ranks, link {link} ({compute} compute)", "",
              f"`python -m benchmarks.bed --ranks={ranks} --link={link} --straggler={','.join(stragglers)} "
-             f"--modes={','.join(modes)} --repeats={repeats} --epochs={epochs} --compute={compute}{step_flag}{ps_flag}` — "
+             f"--modes={','.join(modes)} --repeats={repeats} --epochs={epochs} --compute={compute}{step_flag}{more_flags}` — "
              f"hosts {result['hosts']} (namespaces), link shaped to {result['shaped']} (measured "
              f"{result['measured_mbit_s']} Mbit/s), ResNet-50-on-V100 calibration (benchmarks/bed_calibration.py)"
              f"{'' if not step_flag else f' at {step_ms:g} ms a step'}, "
@@ -63,3 +69,34 @@ def auto_lines(rows: list, stragglers: list) -> list:
         out.append(f"- {condition}: auto picked {', '.join(row['auto_picks'])} (hybrid/sync predicted {gains}); "
                    f"measured best of sync and hybrid: {best or 'not run'}")
     return ["", "Auto's picks (after its profile of the first 20 steps):", ""] + out if out else []
+
+
+def seconds_to(run: dict, target: float, after_first_step: bool = False):
+    """Seconds from the start (or from the first step's end: tracing and start-up, a fixed cost
+    that a long job amortises, left out) to the first epoch end whose loss is `target` or less."""
+    offset = (run.get("first_step_seconds") or 0.0) if after_first_step else 0.0
+    for loss, seconds in zip(run["losses"], run["epoch_seconds"]):
+        if loss <= target:
+            return seconds - offset
+    return None
+
+
+def ratios_to_sync(done: list, sync: list, targets: dict) -> dict:
+    """Per repeat: this run's seconds to each target over the same repeat's sync run's (the runs
+    of a repeat are taken back to back, so they share the machine's state), both counted from
+    the first step's end."""
+    by_repeat = {r["repeat"]: r for r in sync}
+    out = {}
+    for f, t in targets.items():
+        values = []
+        for run in done:
+            other = by_repeat.get(run["repeat"], {"losses": [], "epoch_seconds": []})
+            mine, theirs = seconds_to(run, t, True), seconds_to(other, t, True)
+            values.append(None if mine is None or not theirs else round(mine / theirs, 3))
+        out[str(f)] = values
+    return out
+
+
+def median_or_none(values):
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 3) if values else None

@@ -56,10 +56,11 @@ def bad_flag(program: str, field: str, problem: str, fix: str) -> None:
     sys.exit(2)
 
 
-def check_bed_counts(program: str, values) -> None:
-    """The bed's ranks (2, 4 or 8), repeats and epochs (1 or more) from absl `values`."""
-    if values.ranks not in (2, 4, 8):
-        bad_flag(program, "ranks", f"{values.ranks} is not accepted", "use 2, 4 or 8")
+def check_bed_counts(program: str, values, ranks=(2, 4, 8)) -> None:
+    """The bed's ranks (one of `ranks`), repeats and epochs (1 or more) from absl `values`."""
+    if values.ranks not in ranks:
+        bad_flag(program, "ranks", f"{values.ranks} is not accepted", "use " + ", ".join(map(str, ranks[:-1]))
+                 + f" or {ranks[-1]}")
     for name in ("repeats", "epochs"):
         if values[name].value < 1:
             bad_flag(program, name, f"{values[name].value} is too small", "use 1 or more")

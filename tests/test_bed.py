@@ -4,6 +4,7 @@ no namespace, bridge or process behind; and its bad flags are one line with stat
 import json
 import os
 import subprocess
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -96,7 +97,8 @@ def test_a_bed_counts_each_links_drops_and_resends_and_sets_sysctls_per_host():
 
 
 @pytest.mark.parametrize("module, flag, words", [
-    ("bed", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
+    ("bed", "--ranks=3", "flag: --ranks: 3 is not accepted; use 1, 2, 4 or 8"),
+    ("bed", ["--ranks=1", "--modes=sync,async"], "flag: --ranks: 1 runs an async worker alone (its own rate), no other mode"),
     ("bed", "--straggler=slowish", "flag: --straggler: 'slowish' is not a condition"),
     ("bed", "--modes=fast", "flag: --modes: 'fast' is not a mode of the bed"),
     ("bed", "--render=nothing.json", "flag: --render: nothing.json is not a bed run's JSON (FileNotFoundError"),
@@ -165,6 +167,35 @@ def test_render_writes_a_runs_section_again_from_its_json(tmp_path):
         steady = ", ".join(f"{v:.0f}" for v in row["steady_samples_per_s_runs"])
         line = next(l for l in text.splitlines() if l.startswith(f"| {row['straggler']} | {row['mode']} |"))
         assert f"({steady})" in line and f"{row['test_accuracy']:.3f}" in line, line
+
+
+def test_a_rendered_section_names_the_flags_its_run_was_taken_with():
+    from benchmarks.bed_report import section
+
+    data = json.loads(open(os.path.join(REPO, "docs", "bed_4r_10gbit_current.json"), encoding="utf-8").read())
+    assert "--queue_ms" not in section(data, "x") and "--extra_flags" not in section(data, "x")
+    data.update(queue_ms=10.0, tcp_slow_start_after_idle=False, extra_flags="--sync_switch_patience=1")
+    command = section(data, "x").split("`")[1]
+    assert command.endswith(" --queue_ms=10 --notcp_slow_start_after_idle --extra_flags='--sync_switch_patience=1'")
+
+
+def test_the_bed_reads_the_cores_busy_from_proc_stat(tmp_path):
+    from benchmarks import bed_probe
+
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 5 20 700 30 1 2 3 50 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    assert bed_probe.cpu_times(str(stat)) == (100 + 5 + 20 + 1 + 2 + 3, 861)
+
+    class Bed:  # no hosts: the machine's cores only
+        def counters(self):
+            return [{"dropped": 0}]
+
+    probe, end = bed_probe.Probe(Bed(), cores=os.cpu_count()), time.monotonic() + 0.5
+    while time.monotonic() < end:  # this process keeps one core busy
+        pass
+    busy = probe.read()["cores_busy"]
+    assert 0.8 <= busy <= os.cpu_count() + 0.01, busy
 
 
 def test_the_best_mode_under_horovodrun_is_hybrid_when_its_median_ratio_to_sync_is_below_1():
