@@ -35,7 +35,6 @@ def private_network_prefix() -> List[str]:
     return []
 
 
-
 # Inside the namespace: loopback works and it is the only interface.
 _LO_PROBE = ("import socket\n"
              "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
