@@ -37,7 +37,7 @@ from absl import app, flags
 from benchmarks import bed_async, bed_calibration as cal, bed_probe
 from benchmarks.bed_report import median_or_none, ratios_to_sync, seconds_to, section
 from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, replace_section, repo_env
-from tfsync_testbed import localrun
+from tfsync_testbed import localrun, shaping
 
 flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8 (1: an async worker alone).")
 flags.DEFINE_enum("link", "1gbit", list(cal.LINK_CLASSES), "Link class between the hosts (scaled, see bed_calibration).")
@@ -58,8 +58,13 @@ flags.DEFINE_string("docs_dir", DOCS, "Where the JSON and BENCHMARKS.md go.")
 flags.DEFINE_string("render", None, "Run nothing: write the BENCHMARKS.md section of this bed JSON again.")
 flags.DEFINE_integer("ps", 1, "Async's parameter servers, each on a host of its own; more than one splits every "
                      "kernel over them (--sync_ps_shards) under tf_keras, which alone updates split variables.")
+flags.DEFINE_enum("ps_link", None, list(cal.LINK_CLASSES), "Async: the link class of the hosts of the ps tasks "
+                  "(the chief is on the first), scaled as --link is (default: --link's).")
 flags.DEFINE_float("queue_ms", 50.0, "The longest a packet may wait in a host's shaped queue (tbf's latency): "
                    "the queue holds this many ms of the link's rate.")
+flags.DEFINE_integer("first_bytes", 0, "Queue every host's packets under this many bytes apart and send them "
+                     "first (128: bare TCP acknowledgements, as a host's flow queuing keeps them from waiting "
+                     "behind bulk data; tfsync_testbed/shaping.py); 0: one queue, as every earlier file.")
 flags.DEFINE_bool("tcp_slow_start_after_idle", True, "The hosts' net.ipv4.tcp_slow_start_after_idle (the "
                   "kernel's default, 1: a connection idle for a retransmission timeout starts slow again).")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
@@ -90,6 +95,10 @@ def check() -> None:
         bad("ps", f"{FLAGS.ps} parameter servers", "use 1 to 4 (each is a host of its own)")
     if FLAGS.ps > 1 and "async" not in FLAGS.modes:
         bad("ps", f"{FLAGS.ps} parameter servers but no async run", "add async to --modes, or leave --ps at 1")
+    if FLAGS.ps_link and "async" not in FLAGS.modes:
+        bad("ps_link", f"{FLAGS.ps_link} for the ps hosts but no async run", "add async to --modes, or leave --ps_link out")
+    if not shaping.first_bytes_ok(FLAGS.first_bytes):
+        bad("first_bytes", f"{FLAGS.first_bytes} is not accepted", "use 0 (one queue) or a power of two from 64 to 4096, e.g. 128")
     if not (math.isfinite(FLAGS.queue_ms) and FLAGS.queue_ms >= 1):
         bad("queue_ms", f"{FLAGS.queue_ms} is not accepted", "use milliseconds >= 1 (tbf's default here: 50)")
     if not (math.isfinite(FLAGS.step_ms) and FLAGS.step_ms >= 1):
@@ -195,7 +204,11 @@ def main(argv):
     with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks)) + FLAGS.ps * ("async" in FLAGS.modes)) as bed, \
             ssh.SshMesh(bed, tmp) as mesh:
         bed.shape(cal.tc_rate(FLAGS.link, FLAGS.step_ms), burst=cal.tc_burst(FLAGS.link, FLAGS.step_ms),
-                  latency=f"{FLAGS.queue_ms:g}ms")
+                  latency=f"{FLAGS.queue_ms:g}ms", first_bytes=FLAGS.first_bytes)
+        if FLAGS.ps_link:  # the hosts after the ranks' hold the chief and the ps tasks
+            bed.shape(cal.tc_rate(FLAGS.ps_link, FLAGS.step_ms), burst=cal.tc_burst(FLAGS.ps_link, FLAGS.step_ms),
+                      latency=f"{FLAGS.queue_ms:g}ms", hosts=bed.hosts[len(hosts_layout(FLAGS.ranks)):],
+                      first_bytes=FLAGS.first_bytes)
         bed.sysctl("net.ipv4.tcp_slow_start_after_idle", str(int(FLAGS.tcp_slow_start_after_idle)))
         measured = link_rate(bed) * 8
         print(f"[bed] link {FLAGS.link}: shaped {cal.tc_rate(FLAGS.link, FLAGS.step_ms)}, measured {measured / 1e6:.2f} Mbit/s", flush=True)
@@ -255,7 +268,8 @@ def write(runs: dict, measured: float) -> None:
               "switch_threshold": knobs.KNOBS_BY_KEY["switch_threshold"].default, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
               "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
-              "tcp_slow_start_after_idle": FLAGS.tcp_slow_start_after_idle, "queue_ms": FLAGS.queue_ms,
+              "tcp_slow_start_after_idle": FLAGS.tcp_slow_start_after_idle, "queue_ms": FLAGS.queue_ms, "batch_size": FLAGS.batch_size, "first_bytes": FLAGS.first_bytes,
+              "ps_link": FLAGS.ps_link or FLAGS.link,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
                                                                       FLAGS.ranks, FLAGS.link, FLAGS.step_ms)),
               "async_on": bed_async.describe(FLAGS.ps), "ps": FLAGS.ps, "rows": rows,

@@ -15,7 +15,10 @@ def section(result: dict, name: str) -> str:
     step_ms = result.get("emulated_step_ms", 50.0)
     step_flag = "" if step_ms == 50.0 else f" --step_ms={step_ms:g}"
     more_flags = "" if result.get("ps", 1) == 1 else f" --ps={result['ps']}"
+    more_flags += "" if result.get("batch_size", 64) == 64 else f" --batch_size={result['batch_size']}"
+    more_flags += "" if result.get("ps_link", link) == link else f" --ps_link={result['ps_link']}"
     more_flags += "" if result.get("queue_ms", 50.0) == 50.0 else f" --queue_ms={result['queue_ms']:g}"
+    more_flags += f" --first_bytes={result['first_bytes']}" if result.get("first_bytes") else ""
     more_flags += "" if result.get("tcp_slow_start_after_idle", True) else " --notcp_slow_start_after_idle"
     more_flags += f" --extra_flags='{result['extra_flags']}'" if result.get("extra_flags") else ""
     lines = [f"## Emulated cluster bed: {ranks} ranks, link {link} ({compute} compute)", "",

@@ -106,6 +106,8 @@ def test_a_bed_counts_each_links_drops_and_resends_and_sets_sysctls_per_host():
     ("bed", "--step_ms=0", "flag: --step_ms: 0.0 is not accepted"),
     ("bed", "--ps=5", "flag: --ps: 5 parameter servers; use 1 to 4"),
     ("bed", ["--ps=2", "--modes=sync"], "flag: --ps: 2 parameter servers but no async run"),
+    ("bed", ["--ps_link=100gbit", "--modes=sync"], "flag: --ps_link: 100gbit for the ps hosts but no async run"),
+    ("bed", "--first_bytes=100", "flag: --first_bytes: 100 is not accepted; use 0 (one queue) or a power of two"),
     ("bed", "--extra_flags=--seed=one", "flag: --extra_flags: its --seed is not a whole number"),
     ("bed", "--extra_flags=--seed one", "flag: --extra_flags: its --seed is not a whole number"),
     ("breakeven", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
@@ -177,6 +179,25 @@ def test_a_rendered_section_names_the_flags_its_run_was_taken_with():
     data.update(queue_ms=10.0, tcp_slow_start_after_idle=False, extra_flags="--sync_switch_patience=1")
     command = section(data, "x").split("`")[1]
     assert command.endswith(" --queue_ms=10 --notcp_slow_start_after_idle --extra_flags='--sync_switch_patience=1'")
+    assert "--ps_link" not in command
+    data.update(ps_link="100gbit", batch_size=16, first_bytes=128)
+    assert " --batch_size=16 --ps_link=100gbit --queue_ms=10 --first_bytes=128 " in section(data, "x").split("`")[1]
+
+
+def test_a_bed_shapes_only_the_hosts_it_is_given():
+    reason = why_no_bed()
+    if reason:
+        pytest.skip(reason)
+    show = ["tc", "qdisc", "show", "dev", netns.IFACE]
+    with netns.HostBed(3) as bed:
+        bed.shape("10mbit", burst="32kb", latency="20ms")
+        bed.shape("2mbit", burst="16kb", latency="5ms", hosts=bed.hosts[1:2])
+        qdiscs = [subprocess.run(h.wrap(show), stdout=subprocess.PIPE, text=True, timeout=30).stdout for h in bed.hosts]
+        bed.shape(None, hosts=bed.hosts[:1])
+        unshaped = subprocess.run(bed.hosts[0].wrap(show), stdout=subprocess.PIPE, text=True, timeout=30).stdout
+    assert ["rate 10Mbit" in q for q in qdiscs] == [True, False, True], qdiscs
+    assert "rate 2Mbit" in qdiscs[1], qdiscs
+    assert "tbf" not in unshaped, unshaped
 
 
 def test_the_bed_reads_the_cores_busy_from_proc_stat(tmp_path):
@@ -232,3 +253,55 @@ def test_async_puts_the_chief_and_the_ps_on_hosts_of_their_own_and_the_workers_o
     assert bed_async.flags_for(1) == [] and bed_async.flags_for(2) == ["--sync_ps_shards=2", "--sync_min_shard_bytes=4096"]
     assert bed_async.env_for({"A": "1"}, 1) == {"A": "1"}
     assert bed_async.env_for({"A": "1"}, 2) == {"A": "1", "TF_USE_LEGACY_KERAS": "1"}
+
+
+ECHO_UNDER_LOAD = r"""
+import socket, statistics, sys, threading, time
+if sys.argv[1] == "serve":
+    s = socket.create_server((sys.argv[2], 5202)); print("up", flush=True)
+    bulk, _ = s.accept(); echo, _ = s.accept()
+    echo.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    threading.Thread(target=lambda: [None for _ in iter(lambda: bulk.recv(1 << 20), b"")], daemon=True).start()
+    while True:
+        data = echo.recv(8)
+        if not data: break
+        echo.sendall(data)
+else:
+    bulk = socket.create_connection((sys.argv[2], 5202)); echo = socket.create_connection((sys.argv[2], 5202))
+    echo.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    chunk, end = b"x" * (1 << 16), time.perf_counter() + 4
+    threading.Thread(target=lambda: [bulk.sendall(chunk) for _ in iter(lambda: time.perf_counter() < end, False)],
+                     daemon=True).start()
+    time.sleep(1.5)  # the bulk stream has filled the queue
+    rtts = []
+    for _ in range(10):
+        t0 = time.perf_counter(); echo.sendall(b"q" * 8); got = b""
+        while len(got) < 8: got += echo.recv(8 - len(got))
+        rtts.append(time.perf_counter() - t0); time.sleep(0.05)
+    print(statistics.median(rtts), flush=True)
+    time.sleep(max(0.0, end - time.perf_counter())); bulk.close(); echo.close()
+"""
+
+
+def test_first_bytes_sends_a_small_packet_ahead_of_the_bulk_data_queued_on_a_link():
+    reason = why_no_bed()
+    if reason:
+        pytest.skip(reason)
+    rtts = {}
+    with netns.HostBed(2) as bed:
+        a, b = bed.hosts
+        for first_bytes in (0, 128, 0):
+            # 4 Mbit/s and a queue of up to 200 ms: a bulk stream keeps data queued on A's link.
+            bed.shape("4mbit", burst="16kb", latency="200ms", first_bytes=first_bytes)
+            server = b.popen([PYTHON, "-c", ECHO_UNDER_LOAD, "serve", b.address], stdout=subprocess.PIPE, text=True)
+            try:
+                server.stdout.readline()
+                client = a.run([PYTHON, "-c", ECHO_UNDER_LOAD, "send", b.address], timeout=60)
+            finally:
+                server.kill()
+                server.wait()
+            assert client.returncode == 0, client.stderr[-2000:]
+            rtts.setdefault(first_bytes, []).append(float(client.stdout.strip()))
+    # The request's packet (60 bytes) waits behind the queued bulk data in one queue, and
+    # passes it in the queue of its own.
+    assert rtts[128][0] < 0.005 and min(rtts[0]) > 0.01, rtts

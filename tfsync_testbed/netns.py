@@ -31,10 +31,10 @@ import subprocess
 import time
 from typing import List, Optional, Sequence
 
-from tfsync_testbed import localrun
+from tfsync_testbed import localrun, shaping
+from tfsync_testbed.shaping import IFACE  # the veth inside every host: what --network-interface names
 
 SUBNET = "10.213.77"  # /24; host i (0-based) is SUBNET.(i + 1)
-IFACE = "tfs0"  # the veth inside every host: what --network-interface names
 PREFIX = "tfsyncmodes-"
 ETC_NETNS = "/etc/netns"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-h(\d+)$")
@@ -221,16 +221,17 @@ class HostBed:
                     raise HostBedUnavailable(f"bridge port {outer} of {host.name} does not forward")
                 time.sleep(0.1)
 
-    def shape(self, rate: Optional[str], burst: str = "256kb", latency: str = "50ms") -> None:
-        """Rate-limits every host's outgoing traffic on the bridge to `rate` (``tc`` tbf, e.g.
-        "100mbit"); None removes the limit."""
-        for host in self.hosts:
-            if rate is None:
-                subprocess.run(host.wrap(["tc", "qdisc", "del", "dev", IFACE, "root"]), timeout=30,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                continue
-            subprocess.run(host.wrap(["tc", "qdisc", "replace", "dev", IFACE, "root", "tbf", "rate", rate,
-                                      "burst", burst, "latency", latency]), check=True, timeout=30)
+    def shape(self, rate: Optional[str], burst: str = "256kb", latency: str = "50ms",
+              hosts: Optional[Sequence["Host"]] = None, first_bytes: int = 0) -> None:
+        """Rate-limits the outgoing traffic on the bridge of every host (or of `hosts`) to `rate`
+        (e.g. "100mbit"); None removes the limit. One queue holds up to `latency` of the rate;
+        with `first_bytes`, packets under that many bytes go first (:mod:`tfsync_testbed.shaping`)."""
+        commands = [] if rate is None else shaping.tc_commands(rate, burst, latency, first_bytes)
+        for host in self.hosts if hosts is None else hosts:
+            subprocess.run(host.wrap(["tc", "qdisc", "del", "dev", IFACE, "root"]), timeout=30,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for command in commands:
+                subprocess.run(host.wrap(["tc", *command]), check=True, timeout=30)
 
     def sysctl(self, name: str, value: str) -> None:
         """Sets a network sysctl in every host (each namespace has its own, e.g.
