@@ -144,7 +144,10 @@ def test_a_rank_lost_every_10_s_is_taken_back_by_the_elastic_job(mode, warm):
     assert len(result["kills"]) == 2, result["output"][-4000:]
     starts = re.findall(r"chaos_worker: started, warm: (True|False)", result["output"])
     if warm:
-        assert starts == ["True"] * 6, result["output"][-4000:]
+        # The first four and one per loss, at least: a kill can take a second rank down with it
+        # (seen once: Gloo aborted rank 0, "op.preamble.length <= op.nbytes", as rank 3 was
+        # killed), and that rank comes back too, warm as well.
+        assert len(starts) >= 6 and set(starts) == {"True"}, result["output"][-4000:]
         assert "starting without a warm server" not in result["output"]
     # The world changed (a loss and the rank's return can merge into one change when the name is
     # back before the loss is found), and ended with every rank back.

@@ -167,6 +167,34 @@ def test_a_bed_whose_owner_was_killed_is_removed_by_the_next():
     assert namespace not in subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
 
 
+
+@pytest.mark.timeout(120)
+def test_a_bed_whose_owner_gets_sigterm_removes_itself_and_its_processes():
+    if why_no_bed():
+        pytest.skip(why_no_bed())
+    owner = subprocess.Popen([PYTHON, "-c", "import time; "
+                              "from tfsync_testbed import netns; bed = netns.HostBed(2).__enter__(); "
+                              "p = bed.hosts[1].popen(['sleep', '600']); "
+                              "print(bed.hosts[1].namespace, bed.bridge, p.pid, flush=True); time.sleep(600)"],
+                             stdout=subprocess.PIPE, text=True, env=clean_env())  # PYTHONPATH: the repo
+    try:
+        namespace, bridge, sleeper = owner.stdout.readline().split()
+        owner.terminate()  # as a timeout wrapper or a job scheduler stops a run
+        status = owner.wait(timeout=60)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert status == 128 + signal.SIGTERM, status
+    assert namespace not in subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
+    assert bridge not in subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], stdout=subprocess.PIPE,
+                                        text=True).stdout
+    try:  # gone, or a zombie waiting for its new parent to reap it
+        state = open(f"/proc/{sleeper}/stat", encoding="utf-8").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "gone"
+    assert state in ("gone", "Z"), f"the process started on the bed is still running ({state})"
+
+
 # --- what listens where ------------------------------------------------------------------
 
 @pytest.mark.timeout(120)

@@ -17,8 +17,9 @@ UTS namespace of their own) that resolves, inside every host, to that host's add
 address from the host name, not from ``--network-interface``.
 
 Cleanup kills every process in the namespaces, deletes them (which deletes their veths) and
-the bridge: on ``__exit__``, at interpreter exit, and, for a bed whose owner died without
-either (a test killed on timeout), at the next bed's start (:func:`remove_stale_beds`).
+the bridge: on ``__exit__``, at interpreter exit (a SIGTERM to the owner unwinds to it, where
+nothing else handles that signal), and, for a bed whose owner died without either (killed),
+at the next bed's start (:func:`remove_stale_beds`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from typing import List, Optional, Sequence
 
@@ -164,6 +166,10 @@ def listening(ss_command: Sequence[str] = ("ss", "-Hltn")) -> List[str]:
     return [line.split()[3] for line in out.splitlines() if len(line.split()) >= 4]
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 class HostBed:
     """N hosts on a private bridge; a context manager that removes everything it made."""
 
@@ -175,6 +181,7 @@ class HostBed:
         self.bridge = _bridge_name(self.owner)
         self.hosts: List[Host] = []
         self._closed = True
+        self._sigterm = None  # the handler replaced while the bed stands, if any
 
     def __enter__(self) -> "HostBed":
         reason = why_unavailable()
@@ -183,6 +190,11 @@ class HostBed:
         remove_stale_beds()
         self._closed = False
         atexit.register(self.close)
+        # SIGTERM's default ends the process without atexit: unwind instead, so the bed is
+        # removed (where nothing else handles SIGTERM, and only from the main thread).
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             self._build()
         except BaseException:
@@ -265,6 +277,9 @@ class HostBed:
             _ip("link", "del", f"tfsv{self.owner}h{host.index}"[:15], check=False)
             _delete_namespace(host.namespace)
         _ip("link", "del", self.bridge, check=False)
+        if self._sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         try:
             atexit.unregister(self.close)
         except Exception:  # noqa: BLE001 - interpreter shutting down
