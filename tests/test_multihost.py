@@ -148,16 +148,23 @@ def test_hosts_reach_each_other_and_nothing_is_left_behind():
     assert not os.path.exists(os.path.join(netns.ETC_NETNS, namespaces[0]))
 
 
-@pytest.mark.timeout(120)
-def test_a_bed_whose_owner_was_killed_is_removed_by_the_next():
+def bed_owner() -> subprocess.Popen:
+    """A process that makes a 2-host bed, starts `sleep 600` on its second host, prints that
+    host's namespace, the bridge and the sleeper's pid, and sleeps."""
     if why_no_bed():
         pytest.skip(why_no_bed())
-    owner = subprocess.Popen([PYTHON, "-c", "import time; "
-                              "from tfsync_testbed import netns; bed = netns.HostBed(2).__enter__(); "
-                              "print(bed.hosts[0].namespace, bed.bridge, flush=True); time.sleep(600)"],
-                             stdout=subprocess.PIPE, text=True, env=clean_env())  # PYTHONPATH: the repo
+    return subprocess.Popen([PYTHON, "-c", "import time; "
+                             "from tfsync_testbed import netns; bed = netns.HostBed(2).__enter__(); "
+                             "p = bed.hosts[1].popen(['sleep', '600']); "
+                             "print(bed.hosts[1].namespace, bed.bridge, p.pid, flush=True); time.sleep(600)"],
+                            stdout=subprocess.PIPE, text=True, env=clean_env())  # PYTHONPATH: the repo
+
+
+@pytest.mark.timeout(120)
+def test_a_bed_whose_owner_was_killed_is_removed_by_the_next():
+    owner = bed_owner()
     try:
-        namespace, bridge = owner.stdout.readline().split()
+        namespace, bridge, _ = owner.stdout.readline().split()
     finally:
         owner.kill()  # as a test timeout would: no cleanup code runs
         owner.wait()
@@ -167,16 +174,9 @@ def test_a_bed_whose_owner_was_killed_is_removed_by_the_next():
     assert namespace not in subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
 
 
-
 @pytest.mark.timeout(120)
 def test_a_bed_whose_owner_gets_sigterm_removes_itself_and_its_processes():
-    if why_no_bed():
-        pytest.skip(why_no_bed())
-    owner = subprocess.Popen([PYTHON, "-c", "import time; "
-                              "from tfsync_testbed import netns; bed = netns.HostBed(2).__enter__(); "
-                              "p = bed.hosts[1].popen(['sleep', '600']); "
-                              "print(bed.hosts[1].namespace, bed.bridge, p.pid, flush=True); time.sleep(600)"],
-                             stdout=subprocess.PIPE, text=True, env=clean_env())  # PYTHONPATH: the repo
+    owner = bed_owner()
     try:
         namespace, bridge, sleeper = owner.stdout.readline().split()
         owner.terminate()  # as a timeout wrapper or a job scheduler stops a run
