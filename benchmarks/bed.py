@@ -63,8 +63,8 @@ flags.DEFINE_enum("ps_link", None, list(cal.LINK_CLASSES), "Async: the link clas
 flags.DEFINE_float("queue_ms", 50.0, "The longest a packet may wait in a host's shaped queue (tbf's latency): "
                    "the queue holds this many ms of the link's rate.")
 flags.DEFINE_integer("first_bytes", 0, "Queue every host's packets under this many bytes apart and send them "
-                     "first (128: bare TCP acknowledgements, as a host's flow queuing keeps them from waiting "
-                     "behind bulk data; tfsync_testbed/shaping.py); 0: one queue, as every earlier file.")
+                     "first (1024: requests, replies and acknowledgements, as a host's flow queuing keeps them from "
+                     "waiting behind bulk data; tfsync_testbed/shaping.py); 0: one queue, as every earlier file.")
 flags.DEFINE_bool("tcp_slow_start_after_idle", True, "The hosts' net.ipv4.tcp_slow_start_after_idle (the "
                   "kernel's default, 1: a connection idle for a retransmission timeout starts slow again).")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
@@ -203,12 +203,13 @@ def main(argv):
     runs = {}
     with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks)) + FLAGS.ps * ("async" in FLAGS.modes)) as bed, \
             ssh.SshMesh(bed, tmp) as mesh:
-        bed.shape(cal.tc_rate(FLAGS.link, FLAGS.step_ms), burst=cal.tc_burst(FLAGS.link, FLAGS.step_ms),
-                  latency=f"{FLAGS.queue_ms:g}ms", first_bytes=FLAGS.first_bytes)
+        def shape(link, hosts=None):
+            bed.shape(cal.tc_rate(link, FLAGS.step_ms), burst=cal.tc_burst(link, FLAGS.step_ms),
+                      latency=f"{FLAGS.queue_ms:g}ms", hosts=hosts, first_bytes=FLAGS.first_bytes)
+
+        shape(FLAGS.link)
         if FLAGS.ps_link:  # the hosts after the ranks' hold the chief and the ps tasks
-            bed.shape(cal.tc_rate(FLAGS.ps_link, FLAGS.step_ms), burst=cal.tc_burst(FLAGS.ps_link, FLAGS.step_ms),
-                      latency=f"{FLAGS.queue_ms:g}ms", hosts=bed.hosts[len(hosts_layout(FLAGS.ranks)):],
-                      first_bytes=FLAGS.first_bytes)
+            shape(FLAGS.ps_link, bed.hosts[len(hosts_layout(FLAGS.ranks)):])
         bed.sysctl("net.ipv4.tcp_slow_start_after_idle", str(int(FLAGS.tcp_slow_start_after_idle)))
         measured = link_rate(bed) * 8
         print(f"[bed] link {FLAGS.link}: shaped {cal.tc_rate(FLAGS.link, FLAGS.step_ms)}, measured {measured / 1e6:.2f} Mbit/s", flush=True)
