@@ -1,12 +1,14 @@
 """What each compressor costs against a dense training step, on one rank.
 
     python -m benchmarks.compress_cost [--rounds=5] [--ranks=4] [--compressions=topk,int8,...]
+        [--implementations=native,ops]
 
 One process, no exchange: the digits MLP that ``benchmarks.bytes_target`` trains
 (``--hidden_units`` 1024: 1,126,410 parameters) and one real gradient of it on a digits
 batch, flattened as the exchange flattens the model. For every compression, built from its
-knobs by the library's recipe (``--sync_compression``, ``--sync_topk_ratio`` 0.01), three
-calls are timed, each one ``tf.function``:
+knobs by the library's recipe (``--sync_compression``, ``--sync_topk_ratio`` 0.01) with each
+of ``--implementations`` (``native``: the compiled kernels; ``ops``: TensorFlow ops, the same
+bits), three calls are timed, each one ``tf.function``:
 
 * ``compress + decompress``: one payload made and turned back into the dense update;
 * ``... of RANKS payloads``: the payload made, then RANKS payloads concatenated part by part
@@ -38,6 +40,8 @@ BATCHES = (16, 64)
 TARGET = 0.10
 
 flags.DEFINE_list("compressions", list(COMPRESSIONS), "Compressions to time (--sync_compression values).")
+flags.DEFINE_list("implementations", ["native", "ops"], "Each compression with each of these: native (the compiled "
+                  "kernels) or ops (TensorFlow ops).")
 flags.DEFINE_integer("rounds", 5, "Interleaved rounds (median of 15 calls of each call per round).")
 flags.DEFINE_integer("ranks", 4, "Payloads decompressed together, as at this many ranks.")
 flags.DEFINE_integer("hidden_units", 1024, "The MLP's width (1024: 1,126,410 parameters).")
@@ -54,11 +58,23 @@ def check() -> None:
         if name not in COMPRESSIONS + ("fp16",):
             bad_flag(PROGRAM, "compressions", f"{name!r} is not a compression",
                      "use some of " + ", ".join(COMPRESSIONS + ("fp16",)))
+    for name in FLAGS.implementations:
+        if name not in ("native", "ops"):
+            bad_flag(PROGRAM, "implementations", f"{name!r} is not an implementation", "use native, ops or both")
     for name in ("rounds", "ranks", "hidden_units"):
         if FLAGS[name].value < 1:
             bad_flag(PROGRAM, name, f"{FLAGS[name].value} is too small", "use 1 or more")
     if not 0 < FLAGS.topk_ratio <= 1:
         bad_flag(PROGRAM, "topk_ratio", f"{FLAGS.topk_ratio} is not a fraction", "use a number in (0, 1]")
+
+
+def rows() -> list:
+    """(compression, implementation) of every row, in the table's order."""
+    return [(name, implementation) for name in FLAGS.compressions for implementation in FLAGS.implementations]
+
+
+def row_key(name: str, implementation: str) -> str:
+    return name if implementation == "native" else f"{name}@{implementation}"
 
 
 def calls() -> tuple:
@@ -89,9 +105,12 @@ def calls() -> tuple:
     flat = flatten(tape.gradient(value, model.trainable_variables), model.trainable_variables)
     ctx = TensorContext.of_variables(model.trainable_variables)
     timed = {f"dense_step_{b}": (model.train_on_batch, (x[:b], y[:b])) for b in BATCHES}
-    for name in FLAGS.compressions:
+    for name, implementation in rows():
         knobs = config.resolve({"compression": name, "topk_ratio": FLAGS.topk_ratio}, environ={}, use_flags=False)
-        compressor = recipes.compressor(knobs)
+        compressor = recipes.compressor(knobs, implementation=implementation)
+        if getattr(compressor, "implementation", None) is None and implementation != FLAGS.implementations[0]:
+            continue  # a compression with one implementation (fp16) is timed once
+        key = row_key(name, implementation)
         memory = default_memory(compressor)
         memory.build(ctx, lambda n, shape, dtype: tf.Variable(tf.zeros(shape, dtype), trainable=False))
 
@@ -112,7 +131,7 @@ def calls() -> tuple:
                 return compressor.decompress(gathered(payload), ctx)
 
         for kind, function in (("one", one), ("ranks", all_ranks), ("feedback", with_memory)):
-            timed[f"{name}.{kind}"] = (tf.function(function), (flat,))
+            timed[f"{key}.{kind}"] = (tf.function(function), (flat,))
     timed["empty_call"] = (tf.function(lambda v: v[:1]), (flat,))
     for function, args in timed.values():
         function(*args)
@@ -133,8 +152,9 @@ def measure() -> dict:
 
     rounds = [{name: statistics.median(once(*timed[name]) for _ in range(15)) for name in timed}
               for _ in range(FLAGS.rounds)]
+    keys = [row_key(*row) for row in rows() if f"{row_key(*row)}.one" in timed]
     return {"parameters": parameters, "ranks": FLAGS.ranks, "topk_ratio": FLAGS.topk_ratio,
-            "compressions": list(FLAGS.compressions), "rounds": rounds}
+            "compressions": keys, "rounds": rounds}
 
 
 def write(results: dict) -> None:
@@ -146,7 +166,8 @@ def write(results: dict) -> None:
              f"`python -m benchmarks.compress_cost --rounds={len(rounds)}` — one process, no exchange: the digits "
              f"MLP of `benchmarks.bytes_target` and one real gradient of it, flattened as the exchange flattens "
              f"the model; each compression built by the library's recipe (Top-K ratio {results['topk_ratio']}), "
-             f"one `tf.function` call each. *{ranks} ranks*: the payload made, then {ranks} payloads concatenated "
+             f"one `tf.function` call each; *(ops)*: the same compression with TensorFlow ops instead of the "
+             f"compiled kernels (the same bits; the kernels are what a compression runs when they are built). *{ranks} ranks*: the payload made, then {ranks} payloads concatenated "
              f"as an allgather hands them over, decompressed into their sum (what each rank does in a {ranks}-rank "
              "exchange); *error feedback*: the same with the residual added and updated. Dense step: one "
              "`train_on_batch` (Adam, no exchange) at batch 16 (a rank's share of the trainer's 64 at 4 ranks) "
@@ -164,7 +185,9 @@ def write(results: dict) -> None:
 
     for name in results["compressions"]:
         feedback = rounds_cell(rounds, f"{name}.feedback", "dense_step_16")
-        lines.append(f"| `{name}` | {text(f'{name}.one')} | **{text(f'{name}.one', 'dense_step_16')}** | "
+        base, _, other = name.partition("@")
+        label = f"`{base}`" + (f" ({other})" if other else "")
+        lines.append(f"| {label} | {text(f'{name}.one')} | **{text(f'{name}.one', 'dense_step_16')}** | "
                      f"{text(f'{name}.one', 'dense_step_64')} | {text(f'{name}.ranks')} | "
                      f"{text(f'{name}.ranks', 'dense_step_16')} | {text(f'{name}.feedback')} | "
                      f"{rounds_text(feedback)} | {feedback[0] / 4:.3f} |")

@@ -45,10 +45,10 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 # A run that completed records what it installed; the same inputs again need no pip at all.
 stamp="$venv/.tfsyncmodes-install"
-topk_src="$repo/tfsyncmodes/exchange/native/topk_ops.cc"
-topk_lib="$repo/tfsyncmodes/exchange/native/_topk_ops.so"
-inputs=$( (cat "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$horovod_patch" "$topk_src"; echo "$flavour") | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && [ -f "$topk_lib" ] \
+native="$repo/tfsyncmodes/exchange/native"
+ops_lib="$native/_tfsync_ops.so"
+inputs=$( (cat "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$horovod_patch" "$native"/*.cc "$native"/*.h; echo "$flavour") | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && [ -f "$ops_lib" ] \
     && "$venv/bin/python" -c 'import horovod.tensorflow, tfsyncmodes' >/dev/null 2>&1; then
   say "already installed in ${venv#$repo/} (delete $stamp to force a reinstall)"
   exit 0
@@ -132,23 +132,24 @@ for attempt in 1 2 3; do
   fi
   [ "$attempt" = 3 ] && die "horovodrun --check-build does not show TensorFlow and Gloo"
 done
-# The Top-K compressor's kernels (tfsyncmodes/exchange/topk.py), compiled against this
-# TensorFlow like Horovod, by the same function that builds them on first use for a pip
-# install (tfsyncmodes/exchange/kernels.py); without them the compressor uses TensorFlow ops
-# (same result, slower).
-build_topk_ops() {
-  "$venv/bin/python" - "$topk_lib" <<'PY' 2>"$venv/topk_ops.log" || { tail -n 5 "$venv/topk_ops.log" >&2; return 1; }
+# The compressors' kernels (Top-K and quantization: tfsyncmodes/exchange/native), compiled
+# against this TensorFlow like Horovod, by the same function that builds them on first use for
+# a pip install (tfsyncmodes/exchange/kernels.py); without them the compressors use TensorFlow
+# ops (same result, slower). A library under the name an earlier install used goes.
+rm -f "$native/_topk_ops.so"
+build_ops() {
+  "$venv/bin/python" - "$ops_lib" <<'PY' 2>"$venv/tfsync_ops.log" || { tail -n 5 "$venv/tfsync_ops.log" >&2; return 1; }
 import sys
 from tfsyncmodes.exchange import kernels
 done, why = kernels.build(sys.argv[1])
 sys.exit(0 if done else why)
 PY
-  "$venv/bin/python" -c 'from tfsyncmodes.exchange.topk import TopKSelection; TopKSelection("native")' >/dev/null 2>&1
+  "$venv/bin/python" -c 'from tfsyncmodes.exchange import kernels; kernels.choose("native", "compressor")' >/dev/null 2>&1
 }
-say "compiling the Top-K kernels (tfsyncmodes/exchange/native)"
-if ! build_topk_ops; then
-  rm -f "$topk_lib" "$topk_lib.tmp"
-  say "WARNING: the Top-K kernels did not build; compression=topk uses TensorFlow ops (slower)"
+say "compiling the compressors' kernels (tfsyncmodes/exchange/native)"
+if ! build_ops; then
+  rm -f "$ops_lib" "$ops_lib.tmp"
+  say "WARNING: the compressors' kernels did not build; Top-K and the quantizers use TensorFlow ops (slower)"
 fi
 echo "$inputs" >"$stamp"
 say "done: activate with 'source ${venv#$repo/}/bin/activate'"

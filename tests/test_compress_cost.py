@@ -1,6 +1,7 @@
 """``python -m benchmarks.compress_cost``: a cell is the median over the rounds (of the ratio
-taken within each round) and their range; a small real run writes every compression's row from
-its own rounds, and judges the 0.10 target on the worst round; bad flags are one line, status 2."""
+taken within each round) and their range; a small real run writes every compression's row, with
+the compiled kernels and with TensorFlow ops, from its own rounds, and judges the 0.10 target on
+the worst round; bad flags are one line, status 2."""
 import json
 import subprocess
 
@@ -28,22 +29,26 @@ def test_a_small_run_reports_every_compression_from_its_rounds(tmp_path):
     data = json.loads((tmp_path / "compress_cost.json").read_text())
     assert data["parameters"] == 64 * 16 + 16 + 16 * 16 + 16 + 16 * 10 + 10
     assert len(data["rounds"]) == 2
-    names = {f"{c}.{k}" for c in ("int2", "topk_int8") for k in ("one", "ranks", "feedback")}
+    rows = ["int2", "int2@ops", "topk_int8", "topk_int8@ops"]
+    assert data["compressions"] == rows
+    names = {f"{c}.{k}" for c in rows for k in ("one", "ranks", "feedback")}
     assert names | {"dense_step_16", "dense_step_64", "empty_call"} == set(data["rounds"][0])
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert text.startswith("# Benchmarks\n\nkept\n") and "<!-- bench:compress_cost:end -->" in text
-    for name in ("int2", "topk_int8"):
-        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
+    for name in rows:
+        label = f"`{name.split('@')[0]}`" + (" (ops)" if name.endswith("@ops") else "")
+        row = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
         ratios = [r[f"{name}.one"] / r["dense_step_16"] for r in data["rounds"]]
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[2] == f"**{np.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]**"
         met = max(ratios) <= 0.10
         verdict = next(line for line in text.splitlines() if line.startswith("Within 0.10"))
-        assert (name in verdict.split(";")[0]) == met, verdict
+        assert (name in verdict.split(";")[0].split(": ")[1].split(", ")) == met, verdict
 
 
 @pytest.mark.parametrize("flag,words", [("--compressions=int3", "--compressions: 'int3' is not a compression"),
                                         ("--rounds=0", "--rounds: 0 is too small"),
+                                        ("--implementations=fast", "--implementations: 'fast' is not an implementation"),
                                         ("--topk_ratio=1.5", "--topk_ratio: 1.5 is not a fraction")])
 def test_a_bad_flag_is_one_line_and_status_2(tmp_path, flag, words):
     check_bad_benchmark_flag("compress_cost", flag, words, tmp_path)

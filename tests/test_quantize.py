@@ -1,8 +1,14 @@
-"""The quantizing compressors (int8, int4, int2, topk_int*) against NumPy: the codes, ranges and
-values equal the reference's exactly (round half to even, mu +- k sigma clipping), every entry
-inside the range comes back within scale / 2, bit packing round-trips, concatenated payloads
-decompress to their sum in order, error feedback keeps exactly what was not sent, and the
-payload's bytes are the wire's."""
+"""The quantizing compressors (int8, int4, int2, topk_int*) against NumPy, with both
+implementations (the compiled kernels and TensorFlow ops): the codes, ranges and values equal
+the reference's exactly (round half to even, mu +- k sigma clipping), every entry inside the
+range comes back within scale / 2, bit packing round-trips, concatenated payloads decompress to
+their sum in order, error feedback keeps exactly what was not sent, and the payload's bytes are
+the wire's. The kernels also on a 1.1M-entry tensor (blocks split over threads, chunks across
+blocks), with one CPU thread and with two, and their checks of malformed payloads."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -44,12 +50,17 @@ def test_packing_round_trips_and_matches_numpy(bits, count):
     np.testing.assert_array_equal(unpacked.numpy()[0], codes)
 
 
+IMPLEMENTATIONS = ["native", "ops"]
+
+
 @pytest.mark.parametrize("bits", [8, 4, 2])
 @pytest.mark.parametrize("chunk", [0, 100])
 @pytest.mark.parametrize("clip_sigma", [6.0, 1.5])
-def test_codes_and_values_equal_numpy_within_half_a_step(bits, chunk, clip_sigma):
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_codes_and_values_equal_numpy_within_half_a_step(bits, chunk, clip_sigma, implementation):
     flat = sample(1001, bits)
-    compressor = make(f"int{bits}", clip_sigma=clip_sigma, chunk=chunk)
+    compressor = make(f"int{bits}", clip_sigma=clip_sigma, chunk=chunk, implementation=implementation)
+    assert compressor.implementation == implementation
     codes, lo_scale = compressor.compress(tf.constant(flat), ctx(flat.size))
     want_codes, lo, scale = ref.quantize(flat, bits, clip_sigma, chunk)
     np.testing.assert_array_equal(lo_scale.numpy(), np.stack([lo, scale], 1).reshape(-1))
@@ -65,17 +76,18 @@ def test_codes_and_values_equal_numpy_within_half_a_step(bits, chunk, clip_sigma
     assert not inside.all() or clip_sigma == 6.0  # 1.5 sigma clips
 
 
-def test_rounding_is_half_to_even_and_a_constant_tensor_is_exact():
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_rounding_is_half_to_even_and_a_constant_tensor_is_exact(implementation):
     from tfsyncmodes.exchange import quantize
 
     # lo = 0, hi = 4, 2 bits: scale 4/3; choose entries at exact half steps of a scale of 1.
     flat = np.array([0.0, 0.5, 1.5, 2.5, 3.0], np.float32)  # 3 = hi, levels 3, scale 1
-    codes, lo_scale = quantize.encode(tf.constant(flat), 2, 6.0, 0)
+    codes, lo_scale = quantize.Quantizer(implementation).encode(tf.constant(flat), 2, 6.0, 0)
     assert lo_scale.numpy().tolist() == [0.0, 1.0]
     np.testing.assert_array_equal(quantize.unpack(tf.reshape(codes, [1, -1]), 2, 5).numpy()[0], [0, 0, 2, 2, 3])
     np.testing.assert_array_equal(ref.quantize(flat, 2)[0], [0, 0, 2, 2, 3])
     constant = np.full(10, -2.5, np.float32)
-    compressor = make("int2")
+    compressor = make("int2", implementation=implementation)
     payload = compressor.compress(tf.constant(constant), ctx(10))
     np.testing.assert_array_equal(compressor.decompress(payload, ctx(10)).numpy(), constant)
 
@@ -105,8 +117,10 @@ def test_topk_quantized_keeps_indices_and_quantizes_values(name, implementation)
 
 
 @pytest.mark.parametrize("name,size", [("int8", 5000), ("int2", 5000), ("topk_int2", 5000), ("topk_int2", 200_000)])
-def test_concatenated_payloads_decompress_to_their_sum_in_order(name, size):
-    compressor = make(name, ratio=0.05) if name.startswith("topk") else make(name)
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_concatenated_payloads_decompress_to_their_sum_in_order(name, size, implementation):
+    extra = {"ratio": 0.05} if name.startswith("topk") else {}
+    compressor = make(name, implementation=implementation, **extra)
     flats = [sample(size, seed) * (seed + 1) for seed in range(3)]
     payloads = [compressor.compress(tf.constant(f), ctx(size)) for f in flats]
     joined = tuple(tf.concat([p[i] for p in payloads], 0) for i in range(len(payloads[0])))
@@ -118,11 +132,13 @@ def test_concatenated_payloads_decompress_to_their_sum_in_order(name, size):
 
 
 @pytest.mark.parametrize("name", ["int8", "int4", "int2", "topk_int2"])
-def test_error_feedback_keeps_what_was_not_sent(name):
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_error_feedback_keeps_what_was_not_sent(name, implementation):
     from tfsyncmodes.exchange.memory import ErrorFeedback
 
     size = 2000
-    compressor = make(name, ratio=0.02) if name.startswith("topk") else make(name)
+    extra = {"ratio": 0.02} if name.startswith("topk") else {}
+    compressor = make(name, implementation=implementation, **extra)
     memory = ErrorFeedback()
     memory.build(ctx(size), lambda n, shape, dtype: tf.Variable(tf.zeros(shape, dtype)))
     residual = np.zeros(size, np.float32)
@@ -147,3 +163,66 @@ def test_quantizers_are_allgathered_and_their_settings_checked():
     with pytest.raises(ValueError, match="clip_sigma"):
         make("int8", clip_sigma=0.0)
     assert make("int4").payload_spec(ctx(1001)) == [(tf.uint8, [501]), (tf.float32, [2])]
+
+
+LARGE = 1_126_410  # the 1.1M-parameter MLP's update: 69 blocks of the kernels' 16,384 entries
+
+# Run in a process of its own with one CPU thread: the kernels' blocks then run one after another.
+ONE_THREAD = """
+import sys, numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)
+from tfsyncmodes.exchange import quantize
+flat = np.load(sys.argv[1])
+quantizer = quantize.Quantizer("native")
+out = {}
+for bits, chunk in [(8, 0), (4, 20000), (2, 100)]:
+    codes, lo_scale = quantizer.encode(tf.constant(flat), bits, 6.0, chunk)
+    out[f"codes{bits}"], out[f"lo_scale{bits}"] = codes.numpy(), lo_scale.numpy()
+np.savez(sys.argv[2], **out)
+"""
+
+
+@pytest.mark.parametrize("bits,chunk", [(8, 0), (4, 20000), (2, 100)])
+def test_the_kernels_equal_numpy_on_a_large_tensor_with_one_thread_or_two(bits, chunk, tmp_path):
+    from tfsyncmodes.exchange import quantize
+
+    rng = np.random.default_rng(bits)
+    flat = (rng.standard_normal(LARGE) * 0.01 + 0.003).astype(np.float32)
+    flat[::1013] *= 50.0
+    quantizer = quantize.Quantizer("native")
+    codes, lo_scale = quantizer.encode(tf.constant(flat), bits, 6.0, chunk)
+    want_codes, lo, scale = ref.quantize(flat, bits, 6.0, chunk)
+    np.testing.assert_array_equal(lo_scale.numpy(), np.stack([lo, scale], 1).reshape(-1))
+    np.testing.assert_array_equal(codes.numpy(), ref.pack(want_codes, bits))
+
+    # Four ranks' payloads (scaled copies of this one's ranges), summed in their order.
+    rows = [np.stack([lo, scale * (r + 1)], 1).reshape(-1).astype(np.float32) for r in range(4)]
+    joined = tf.constant(np.concatenate(rows))
+    total = quantizer.decode(tf.concat([codes] * 4, 0), joined, bits, LARGE, chunk, summed=True).numpy()
+    want = np.zeros(LARGE, np.float32)
+    for r in range(4):
+        want = (want + ref.dequantize(want_codes, lo, (scale * (r + 1)).astype(np.float32), chunk)).astype(np.float32)
+    np.testing.assert_array_equal(total, want)
+    each = quantizer.decode(tf.concat([codes] * 2, 0), joined[:2 * lo.size * 2], bits, LARGE, chunk).numpy()
+    np.testing.assert_array_equal(each[LARGE:], ref.dequantize(want_codes, lo, (scale * 2).astype(np.float32), chunk))
+
+    np.save(tmp_path / "flat.npy", flat)
+    done = subprocess.run([sys.executable, "-c", ONE_THREAD, str(tmp_path / "flat.npy"), str(tmp_path / "one.npz")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr
+    one = np.load(tmp_path / "one.npz")
+    np.testing.assert_array_equal(one[f"codes{bits}"], codes.numpy())
+    np.testing.assert_array_equal(one[f"lo_scale{bits}"], lo_scale.numpy())
+
+
+def test_the_kernels_refuse_a_payload_that_is_not_whole_rows():
+    from tfsyncmodes.exchange import quantize
+
+    quantizer = quantize.Quantizer("native")
+    codes, lo_scale = quantizer.encode(tf.constant(sample(1001)), 4, 6.0, 100)  # 501 bytes, 11 chunks
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not a whole number of rows of 501"):
+        quantizer.decode(codes[:-1], lo_scale, 4, 1001, 100)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="lo_scale holds 21 floats, not 22"):
+        quantizer.decode(codes, lo_scale[:-1], 4, 1001, 100)
+    with pytest.raises(ValueError, match="quantization implementation 'fast': use one of auto, native, ops"):
+        quantize.Quantizer("fast")

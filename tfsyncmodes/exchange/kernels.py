@@ -1,21 +1,25 @@
-"""The compiled Top-K kernels: where they are found, and their build on first use.
+"""The compiled kernels (Top-K, quantization): where they are found, their build on first use,
+and the one load per process.
 
-``scripts/install.sh`` compiles ``native/topk_ops.cc`` next to its source. A ``pip install``
+``scripts/install.sh`` compiles ``native/topk_ops.cc`` and ``native/quantize_ops.cc`` into one
+library next to their sources. A ``pip install``
 user has only the source (it ships as package data), so the first process that asks for the
 kernels compiles them with the C++ compiler (``$CXX``, else ``g++``) and TensorFlow's own
 compile and link flags into a cache kept per TensorFlow version::
 
     $TFSYNC_CACHE_DIR  (else $XDG_CACHE_HOME/tfsyncmodes, else ~/.cache/tfsyncmodes)
-        tf-2.21.0/_topk_ops.so
+        tf-2.21.0/_tfsync_ops.so
 
 Ranks that start together build once: the build holds a file lock, and the library appears
 under its final name only when complete. ``TFSYNC_BUILD_KERNELS=0`` turns the build off; when
-it is off, or fails (no compiler, no headers), :func:`locate` says why and the compressor uses
-TensorFlow ops (the same result, slower).
+it is off, or fails (no compiler, no headers), :func:`locate` says why and the compressors use
+TensorFlow ops (the same result, slower). The build turns off floating-point contraction: a
+fused multiply-add rounds once where the quantization rule rounds twice.
 """
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import shlex
 import subprocess
@@ -25,8 +29,9 @@ from typing import Optional, Tuple
 import tensorflow as tf
 
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
-SOURCE = os.path.join(NATIVE_DIR, "topk_ops.cc")
-LIBRARY = "_topk_ops.so"
+SOURCES = tuple(os.path.join(NATIVE_DIR, name) for name in ("topk_ops.cc", "quantize_ops.cc"))
+LIBRARY = "_tfsync_ops.so"
+IMPLEMENTATIONS = ("auto", "native", "ops")
 BUILD_TIMEOUT_S = 600
 
 
@@ -37,10 +42,11 @@ def cache_dir() -> str:
     return os.path.join(root, f"tf-{tf.__version__}")
 
 
-def build(output: str, source: str = SOURCE) -> Tuple[bool, str]:
-    """Compiles `source` into the shared library `output`; (done, the compiler's last words)."""
+def build(output: str, sources: Tuple[str, ...] = SOURCES) -> Tuple[bool, str]:
+    """Compiles `sources` into the shared library `output`; (done, the compiler's last words)."""
     compiler = os.environ.get("CXX") or "g++"
-    command = ([*shlex.split(compiler), "-O3", "-shared", "-fPIC", "-w", "-o", output + ".tmp", source]
+    command = ([*shlex.split(compiler), "-O3", "-ffp-contract=off", "-shared", "-fPIC", "-w", "-o", output + ".tmp",
+                *sources]
                + tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
@@ -65,8 +71,9 @@ def locate(prebuilt: Optional[str] = os.path.join(NATIVE_DIR, LIBRARY),
         return library, "built on first use"
     if os.environ.get("TFSYNC_BUILD_KERNELS", "1") == "0":
         return None, "TFSYNC_BUILD_KERNELS=0"
-    if not os.path.exists(SOURCE):
-        return None, f"no source at {SOURCE}"
+    missing = [source for source in SOURCES if not os.path.exists(source)]
+    if missing:
+        return None, f"no source at {missing[0]}"
     try:
         os.makedirs(folder, exist_ok=True)
         with open(library + ".lock", "w") as lock:
@@ -81,3 +88,29 @@ def locate(prebuilt: Optional[str] = os.path.join(NATIVE_DIR, LIBRARY),
     except OSError as error:
         return None, f"cannot build into {folder}: {error}"
     return library, "built on first use, now"
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> Tuple[Optional[object], str]:
+    """(the kernels' module, where it came from) or (None, why there is none). Loaded once per
+    process: TensorFlow registers a library's ops once, and a second load (of the same or
+    another copy) returns a module without them."""
+    library, how = locate()
+    if library is None:
+        return None, how
+    try:
+        return tf.load_op_library(library), f"{library}, {how}"
+    except (tf.errors.NotFoundError, OSError) as error:  # built for another TensorFlow
+        return None, f"{library} does not load: {str(error).splitlines()[0]}"
+
+
+def choose(implementation: str, part: str):
+    """The kernels' module for `implementation` of `part` (a compressor's name, for messages):
+    ``auto`` takes them when they are built (or build) and None (TensorFlow ops) otherwise;
+    ``ops`` is None; ``native`` without them is an error."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"{part} implementation {implementation!r}: use one of {', '.join(IMPLEMENTATIONS)}")
+    module = None if implementation == "ops" else load()[0]
+    if implementation == "native" and module is None:
+        raise RuntimeError(f"the {part} kernels are not built and could not be: {load()[1]}")
+    return module

@@ -18,6 +18,12 @@ was sent, so the residual ``compensated - decode(payload)`` is exact.
 
 Codes are packed little end first: ``8 / b`` codes per uint8, code j of a byte in bits
 ``[b * j, b * (j + 1))``; the last byte is padded with zero codes.
+
+Two implementations give the same bits (:class:`Quantizer`): ``native``, two CPU kernels
+(``native/quantize_ops.cc``, built with the Top-K ones: :mod:`~tfsyncmodes.exchange.kernels`)
+that make the moments' two passes block by block in cache and split the blocks over
+TensorFlow's CPU threads; and ``ops``, the TensorFlow ops below, used when the kernels cannot
+be built.
 """
 from __future__ import annotations
 
@@ -25,6 +31,9 @@ import math
 from typing import Optional, Tuple
 
 import tensorflow as tf
+from absl import logging
+
+from tfsyncmodes.exchange import kernels
 
 BITS = (8, 4, 2)
 
@@ -129,3 +138,45 @@ def decode(packed: tf.Tensor, lo_scale: tf.Tensor, bits: int, count: int, chunk:
     pairs = tf.reshape(lo_scale, [-1, chunks, 2])
     values = pairs[:, :, 0:1] + codes * pairs[:, :, 1:2]
     return tf.reshape(tf.reshape(values, [-1, chunks * width])[:, :count], [-1])
+
+
+def sum_rows(values: tf.Tensor, size: int) -> tf.Tensor:
+    """The sum of the [rows * size] `values`, row after row: ((row 0 + row 1) + row 2) + ...
+    on every rank alike, one add of `size` entries a row (a loop: the row count is known only
+    when the graph runs, after an allgather; a segment sum in order cost 7x as much)."""
+    rows = tf.reshape(values, [-1, size])
+    _, total = tf.while_loop(lambda i, total: i < tf.shape(rows)[0], lambda i, total: (i + 1, total + rows[i]),
+                             (tf.constant(1), rows[0]))
+    return total
+
+
+class Quantizer:
+    """:func:`encode` and :func:`decode` with one implementation: ``auto`` takes ``native`` (the
+    compiled kernels) when they are built (or build) and ``ops`` otherwise; ``native`` without
+    them is an error. Logs once which one runs."""
+
+    def __init__(self, implementation: str = "auto"):
+        self.native = kernels.choose(implementation, "quantization")
+        self.implementation = "native" if self.native is not None else "ops"
+        if self.native is not None:
+            logging.log_first_n(logging.INFO, "tfsyncmodes: quantization runs the compiled kernels (%s)", 1,
+                                kernels.load()[1])
+        elif implementation == "auto":
+            logging.log_first_n(logging.WARNING, "tfsyncmodes: quantization runs TensorFlow ops, slower than the "
+                                "compiled kernels (%s)", 1, kernels.load()[1])
+
+    def encode(self, flat: tf.Tensor, bits: int, clip_sigma: float, chunk: int) -> Tuple[tf.Tensor, tf.Tensor]:
+        """As :func:`encode`."""
+        if self.native is None:
+            return encode(flat, bits, clip_sigma, chunk)
+        codes, lo_scale = self.native.tfsync_quantize(tf.cast(flat, tf.float32), tf.constant(clip_sigma, tf.float64),
+                                                      bits=bits, chunk=chunk)
+        return codes, lo_scale
+
+    def decode(self, packed: tf.Tensor, lo_scale: tf.Tensor, bits: int, count: int, chunk: int,
+               summed: bool = False) -> tf.Tensor:
+        """As :func:`decode`; with `summed`, the rows' sum [count] as :func:`sum_rows` adds them."""
+        if self.native is None:
+            values = decode(packed, lo_scale, bits, count, chunk)
+            return sum_rows(values, count) if summed else values
+        return self.native.tfsync_dequantize(packed, lo_scale, bits=bits, count=count, chunk=chunk, sum=summed)

@@ -13,9 +13,10 @@ in the order of the payloads (so every rank gets the same bits). ``decompress`` 
 is exactly what was sent, so :class:`~tfsyncmodes.exchange.memory.ErrorFeedback` keeps
 exactly what quantization (and Top-K) left out.
 
-Settings: `clip_sigma` (k of μ ± kσ; ``--sync_quantize_sigma``, default 6) and `chunk`
-(entries per scale; 0: one scale for the whole tensor); the Top-K ones also Top-K's `ratio`,
-`implementation` and `warmup`.
+Settings: `clip_sigma` (k of μ ± kσ; ``--sync_quantize_sigma``, default 6), `chunk` (entries
+per scale; 0: one scale for the whole tensor) and `implementation` (``auto``, ``native``: the
+compiled kernels, ``ops``: TensorFlow ops; the same bits); the Top-K ones also Top-K's `ratio`
+and `warmup` (`implementation` picks Top-K's kernels too).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class Quantized(Compressor):
     lossless = False
     bits = 8
 
-    def __init__(self, clip_sigma: float = 6.0, chunk: int = 0):
+    def __init__(self, clip_sigma: float = 6.0, chunk: int = 0, implementation: str = "auto"):
         quantize.check_bits(self.bits)
         if not clip_sigma > 0:
             raise ValueError(f"clip_sigma {clip_sigma}: use a positive number of standard deviations")
@@ -41,28 +42,23 @@ class Quantized(Compressor):
             raise ValueError(f"chunk {chunk}: use 0 (one scale per tensor) or a positive number of entries")
         self.clip_sigma = float(clip_sigma)
         self.chunk = int(chunk)
+        self.quantizer = quantize.Quantizer(implementation)
+
+    @property
+    def implementation(self) -> str:
+        """``native`` or ``ops``: the quantizer in use."""
+        return self.quantizer.implementation
 
     def compress(self, flat, ctx):
-        return quantize.encode(flat, self.bits, self.clip_sigma, self.chunk)
+        return self.quantizer.encode(flat, self.bits, self.clip_sigma, self.chunk)
 
     def decompress(self, payload, ctx):
         codes, lo_scale = payload
-        values = quantize.decode(codes, lo_scale, self.bits, ctx.size, self.chunk)
-        return sum_rows(values, ctx.size)
+        return self.quantizer.decode(codes, lo_scale, self.bits, ctx.size, self.chunk, summed=True)
 
     def payload_spec(self, ctx):
         return [(tf.uint8, [quantize.packed_size(ctx.size, self.bits)]),
                 (tf.float32, [2 * quantize.num_chunks(ctx.size, self.chunk)])]
-
-
-def sum_rows(values: tf.Tensor, size: int) -> tf.Tensor:
-    """The sum of the [rows * size] `values`, row after row: ((row 0 + row 1) + row 2) + ...
-    on every rank alike, one add of `size` entries a row (a loop: the row count is known only
-    when the graph runs, after an allgather; a segment sum in order cost 7x as much)."""
-    rows = tf.reshape(values, [-1, size])
-    _, total = tf.while_loop(lambda i, total: i < tf.shape(rows)[0], lambda i, total: (i + 1, total + rows[i]),
-                             (tf.constant(1), rows[0]))
-    return total
 
 
 @COMPRESSORS.register("int8")
@@ -122,7 +118,7 @@ class QuantizedTopK(TopK):
     def __init__(self, ratio: float = 0.01, implementation: str = "auto", clip_sigma: float = 6.0,
                  chunk: int = 0, warmup=None):
         super().__init__(ratio, implementation, warmup)
-        self.values = _VALUES[self.bits](clip_sigma, chunk)
+        self.values = _VALUES[self.bits](clip_sigma, chunk, implementation)
 
     def compress_k(self, flat, k):
         _, indices = self.selection.select(flat, k)
@@ -135,7 +131,7 @@ class QuantizedTopK(TopK):
         indices = self.sent_indices(payload, ctx)
 
         def with_k(k):
-            values = quantize.decode(codes, lo_scale, self.bits, k, self.values.chunk)
+            values = self.values.quantizer.decode(codes, lo_scale, self.bits, k, self.values.chunk)
             return self.selection.scatter(values, indices, ctx.size)
 
         return self.staged(ctx.size, with_k)

@@ -197,13 +197,13 @@ def _settings(cls, **settings) -> dict:
     return {name: value for name, value in settings.items() if name in declared}
 
 
-def compressor(config, warmup: Optional[SparsityWarmup] = None) -> Compressor:
-    """``--sync_compression``, with ``--sync_topk_ratio`` as a compressor's ``ratio``,
-    ``--sync_quantize_sigma`` as its ``clip_sigma``, `warmup` as its ``warmup`` and, with
+def compressor(config, warmup: Optional[SparsityWarmup] = None, implementation: str = "auto") -> Compressor:
+    """``--sync_compression``, with ``--sync_topk_ratio`` as a compressor's ``ratio``, ``--sync_quantize_sigma``
+    as its ``clip_sigma``, `warmup`, `implementation` (kernels or TensorFlow ops) as its own and, with
     ``--sync_topk_shared_indices`` in sync, the union of the ranks' indices as its ``agree``."""
     cls = registry.COMPRESSORS.get(config.compression, config.sources.get("compression", "default"),
                                    "compression")
-    settings = dict(ratio=config.topk_ratio, clip_sigma=config.quantize_sigma)
+    settings = dict(ratio=config.topk_ratio, clip_sigma=config.quantize_sigma, implementation=implementation)
     if warmup is not None:
         settings["warmup"] = warmup
     if config.mode == "sync" and config.compression == "topk" and config.topk_shared_indices:

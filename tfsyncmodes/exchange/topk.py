@@ -32,7 +32,6 @@ selected) stays whole in the residual.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional, Tuple
 
@@ -41,26 +40,17 @@ from absl import logging
 
 from tfsyncmodes.exchange import kernels
 
-IMPLEMENTATIONS = ("auto", "native", "ops")
+IMPLEMENTATIONS = kernels.IMPLEMENTATIONS
 CANDIDATE_MARGIN = 1.3  # candidates kept above the sampled threshold, in units of k
 SAMPLE_SIZE = 20000     # entries the ``ops`` threshold is estimated from
 
 
-@functools.lru_cache(maxsize=None)
 def load_native():
     """The compiled kernels' module, or None when they are not built and cannot be (see
-    :mod:`~tfsyncmodes.exchange.kernels`). Logs which implementation runs, and why. Loaded once
-    per process: TensorFlow registers a library's ops once, and a second load (of the same or
-    another copy) returns a module without them."""
-    library, how = kernels.locate()
-    module = None
-    if library is not None:
-        try:
-            module = tf.load_op_library(library)
-        except (tf.errors.NotFoundError, OSError) as error:  # built for another TensorFlow
-            how = f"{library} does not load: {str(error).splitlines()[0]}"
+    :mod:`~tfsyncmodes.exchange.kernels`). Logs once which implementation Top-K runs, and why."""
+    module, how = kernels.load()
     if module is not None:
-        logging.log_first_n(logging.INFO, "tfsyncmodes: Top-K runs the compiled kernels (%s, %s)", 1, library, how)
+        logging.log_first_n(logging.INFO, "tfsyncmodes: Top-K runs the compiled kernels (%s)", 1, how)
     else:
         logging.log_first_n(logging.WARNING, "tfsyncmodes: Top-K runs TensorFlow ops, slower than the compiled kernels "
                             "(%s)", 1, how)
@@ -72,11 +62,8 @@ class TopKSelection:
     is built (or builds) and ``ops`` otherwise; ``native`` without the library is an error."""
 
     def __init__(self, implementation: str = "auto"):
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(f"Top-K implementation {implementation!r}: use one of {', '.join(IMPLEMENTATIONS)}")
+        kernels.choose(implementation, "Top-K")  # checks the name, and that native is there
         self.native = None if implementation == "ops" else load_native()
-        if implementation == "native" and self.native is None:
-            raise RuntimeError("the Top-K kernels are not built and could not be (see the log line above)")
         self.implementation = "native" if self.native is not None else "ops"
 
     def select(self, flat: tf.Tensor, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
