@@ -8,10 +8,10 @@
 //   pattern lies above infinity's) ranks as the largest magnitude instead of breaking the sort.
 //   Selection as in Deep Gradient Compression (Lin et al., ICLR 2018): a threshold from a
 //   sample spread evenly over the input, set to keep about 1.3 k entries; one pass over the
-//   input keeps the entries at or above it; nth_element finds the exact k-th among them. If
-//   the threshold kept fewer than k entries, the pass runs again with a threshold that keeps
-//   four times as many sampled entries and finally with none (every entry is a candidate):
-//   always exact.
+//   input (its blocks split over TensorFlow's CPU threads) keeps the entries at or above it;
+//   nth_element finds the exact k-th among them. If the threshold kept fewer than k entries,
+//   the pass runs again with a threshold that keeps four times as many sampled entries and
+//   finally with none (every entry is a candidate): always exact.
 // TfsyncScatterDense(values: float[m], indices: int32[m], size) -> float[size]
 //   Zeros with values[i] added at indices[i] (entries sharing an index add up); an index
 //   outside [0, size) is an InvalidArgument error.
@@ -31,6 +31,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/platform/threadpool.h"
 
 namespace {
 
@@ -107,8 +108,7 @@ class TopKMagnitudeOp : public OpKernel {
     for (int attempt = 0; candidates.size() < static_cast<size_t>(k_); ++attempt) {
       const uint32_t threshold = attempt < 2 ? Threshold(bits, n, attempt == 0 ? 1.0 : 4.0) : 0u;
       candidates.clear();
-      candidates.reserve(threshold ? static_cast<size_t>(2.0 * margin_ * k_) + 64 : n);
-      Collect(bits, n, threshold, &candidates);
+      CollectAll(ctx, bits, n, threshold, &candidates);
     }
     // The exact k-th best candidate (ranks are distinct), then the candidates ranked at least as
     // high, taken in their (index) order: no sort of the output.
@@ -135,8 +135,9 @@ class TopKMagnitudeOp : public OpKernel {
   // Every entry whose key is at least `threshold`, in index order. With SSE2 (every x86-64
   // CPU), 16 entries are compared at once into a bit mask and only its set bits are visited,
   // so the pass runs at about the speed of reading the update; elsewhere, plain C++.
-  static void Collect(const uint32_t* bits, int64_t n, uint32_t threshold, std::vector<uint64_t>* out) {
-    int64_t start = 0;
+  static void Collect(const uint32_t* bits, int64_t begin, int64_t n, uint32_t threshold,
+                      std::vector<uint64_t>* out) {
+    int64_t start = begin;
 #ifdef __SSE2__
     // Keys are below 2**31, so a signed comparison with threshold - 1 is key >= threshold.
     const __m128i below = _mm_set1_epi32(static_cast<int32_t>(threshold) - 1);
@@ -159,6 +160,28 @@ class TopKMagnitudeOp : public OpKernel {
       if (Key(bits[i]) >= threshold) out->push_back(Rank(Key(bits[i]), i));
     }
   }
+
+  // Collect over the whole input, its blocks split over TensorFlow's CPU threads, each into a
+  // list of its own, joined in block order (so in index order, whatever the threads).
+  void CollectAll(OpKernelContext* ctx, const uint32_t* bits, int64_t n, uint32_t threshold,
+                  std::vector<uint64_t>* out) const {
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    std::vector<std::vector<uint64_t>> found(blocks);
+    const size_t expect = threshold ? static_cast<size_t>(2.0 * margin_ * k_ * kBlock / n) + 16 : kBlock;
+    ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
+        blocks, 2 * kBlock, [&](int64_t first, int64_t last) {
+          for (int64_t b = first; b < last; ++b) {
+            found[b].reserve(expect);
+            Collect(bits, b * kBlock, std::min(n, (b + 1) * kBlock), threshold, &found[b]);
+          }
+        });
+    size_t total = 0;
+    for (const auto& part : found) total += part.size();
+    out->reserve(total);
+    for (const auto& part : found) out->insert(out->end(), part.begin(), part.end());
+  }
+
+  static constexpr int64_t kBlock = 65536;  // entries a thread's unit of the collection (a multiple of 16)
 
   // The key that about `scale` * margin * k / n of a sample reach (0: every entry is a
   // candidate). The sample is sample_size entries in evenly spaced runs of kSampleRun
