@@ -2,10 +2,10 @@
 and the one load per process.
 
 ``scripts/install.sh`` compiles ``native/topk_ops.cc`` and ``native/quantize_ops.cc`` into one
-library next to their sources. A ``pip install``
-user has only the source (it ships as package data), so the first process that asks for the
-kernels compiles them with the C++ compiler (``$CXX``, else ``g++``) and TensorFlow's own
-compile and link flags into a cache kept per TensorFlow version::
+library next to their sources. A ``pip install`` user has only the sources (they ship as
+package data), so the first process that asks for the kernels compiles them with the C++
+compiler (``$CXX``, else ``g++``) and TensorFlow's own compile and link flags into a cache kept
+per TensorFlow version::
 
     $TFSYNC_CACHE_DIR  (else $XDG_CACHE_HOME/tfsyncmodes, else ~/.cache/tfsyncmodes)
         tf-2.21.0/_tfsync_ops.so
