@@ -4,7 +4,8 @@ the reference's exactly (round half to even, mu +- k sigma clipping), every entr
 range comes back within scale / 2, bit packing round-trips, concatenated payloads decompress to
 their sum in order, error feedback keeps exactly what was not sent, and the payload's bytes are
 the wire's. The kernels also on a 1.1M-entry tensor (blocks split over threads, chunks across
-blocks), with one CPU thread and with two, and their checks of malformed payloads."""
+blocks), with one CPU thread and SSE2 and with two and AVX2 where the CPU has it, and their
+checks of malformed payloads."""
 import os
 import subprocess
 import sys
@@ -167,7 +168,8 @@ def test_quantizers_are_allgathered_and_their_settings_checked():
 
 LARGE = 1_126_410  # the 1.1M-parameter MLP's update: 69 blocks of the kernels' 16,384 entries
 
-# Run in a process of its own with one CPU thread: the kernels' blocks then run one after another.
+# Run in a process of its own with one CPU thread and the SSE2 passes (TFSYNC_KERNELS_SSE2): the
+# kernels' blocks then run one after another, four entries to a register on any x86-64 CPU.
 ONE_THREAD = """
 import sys, numpy as np, tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -183,7 +185,7 @@ np.savez(sys.argv[2], **out)
 
 
 @pytest.mark.parametrize("bits,chunk", [(8, 0), (4, 20000), (2, 100)])
-def test_the_kernels_equal_numpy_on_a_large_tensor_with_one_thread_or_two(bits, chunk, tmp_path):
+def test_the_kernels_equal_numpy_on_a_large_tensor_with_one_thread_or_two_and_sse2_or_avx2(bits, chunk, tmp_path):
     from tfsyncmodes.exchange import quantize
 
     rng = np.random.default_rng(bits)
@@ -208,7 +210,8 @@ def test_the_kernels_equal_numpy_on_a_large_tensor_with_one_thread_or_two(bits, 
 
     np.save(tmp_path / "flat.npy", flat)
     done = subprocess.run([sys.executable, "-c", ONE_THREAD, str(tmp_path / "flat.npy"), str(tmp_path / "one.npz")],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TFSYNC_KERNELS_SSE2": "1"})
     assert done.returncode == 0, done.stderr
     one = np.load(tmp_path / "one.npz")
     np.testing.assert_array_equal(one[f"codes{bits}"], codes.numpy())

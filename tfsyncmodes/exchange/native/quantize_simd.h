@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -22,10 +23,22 @@
 
 namespace {
 
+// A vector pass's partial results folded into the running ones: four float64 sums, and the
+// minimum and maximum over `lanes` lanes.
+inline void Fold(const double* parts, const float* lows, const float* highs, int lanes, double* sums, float* mn,
+                 float* mx) {
+  for (int j = 0; j < 4; ++j) sums[j] += parts[j];
+  for (int j = 0; j < lanes; ++j) {
+    *mn = std::min(*mn, lows[j]);
+    *mx = std::max(*mx, highs[j]);
+  }
+}
+
 #ifdef TFSYNC_AVX2
-// AVX2 is checked once, at run time: the library is built for any x86-64. The float64 sums are
-// split over more partial sums than with SSE2; the codes are the same bits.
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+// AVX2 is checked once, at load time: the library is built for any x86-64. The float64 sums
+// are split over more partial sums than with SSE2; the codes are the same bits.
+// TFSYNC_KERNELS_SSE2=1 takes the SSE2 passes on any CPU (the tests compare the two).
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && std::getenv("TFSYNC_KERNELS_SSE2") == nullptr;
 
 __attribute__((target("avx2"))) int64_t MomentsAvx2(const float* x, int64_t m, double* sums, float* mn, float* mx) {
   __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
@@ -41,13 +54,11 @@ __attribute__((target("avx2"))) int64_t MomentsAvx2(const float* x, int64_t m, d
     high = _mm256_max_ps(high, _mm256_max_ps(v, w));
   }
   double parts[4];
+  float lows[8], highs[8];
   _mm256_storeu_pd(parts, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
-  for (int j = 0; j < 4; ++j) sums[j] += parts[j];
-  float lanes[8];
-  _mm256_storeu_ps(lanes, low);
-  for (float v : lanes) *mn = std::min(*mn, v);
-  _mm256_storeu_ps(lanes, high);
-  for (float v : lanes) *mx = std::max(*mx, v);
+  _mm256_storeu_ps(lows, low);
+  _mm256_storeu_ps(highs, high);
+  Fold(parts, lows, highs, 8, sums, mn, mx);
   return i;
 }
 
@@ -111,14 +122,12 @@ int64_t MomentsSse2(const float* x, int64_t m, double* sums, float* mn, float* m
     high = _mm_max_ps(high, v);
   }
   double parts[4];
+  float lows[4], highs[4];
   _mm_storeu_pd(parts, s0);
   _mm_storeu_pd(parts + 2, s1);
-  for (int j = 0; j < 4; ++j) sums[j] += parts[j];
-  float lanes[4];
-  _mm_storeu_ps(lanes, low);
-  for (float v : lanes) *mn = std::min(*mn, v);
-  _mm_storeu_ps(lanes, high);
-  for (float v : lanes) *mx = std::max(*mx, v);
+  _mm_storeu_ps(lows, low);
+  _mm_storeu_ps(highs, high);
+  Fold(parts, lows, highs, 4, sums, mn, mx);
   return i;
 }
 
