@@ -78,10 +78,11 @@ def row_key(name: str, implementation: str) -> str:
     return name if implementation == "native" else f"{name}@{implementation}"
 
 
-def plain(key: str) -> str:
-    """A row's name in the text: ``int8``, ``int8 (ops)``."""
+def plain(key: str, code: bool = False) -> str:
+    """A row's name in the text: ``int8``, ``int8 (ops)`` (with `code`, the compression's name
+    in backticks)."""
     base, _, other = key.partition("@")
-    return base + (f" ({other})" if other else "")
+    return (f"`{base}`" if code else base) + (f" ({other})" if other else "")
 
 
 def training_step(model, loss, transform, ctx):
@@ -259,9 +260,7 @@ def write(results: dict) -> None:
 
     for name in keys:
         feedback = rounds_cell(rounds, f"{name}.feedback", "dense_step_16")
-        base, _, other = name.partition("@")
-        label = f"`{base}`" + (f" ({other})" if other else "")  # plain(name), the name in code
-        lines.append(f"| {label} | **{rounds_text(added(rounds, name))}** | {text(f'{name}.one')} | "
+        lines.append(f"| {plain(name, code=True)} | **{rounds_text(added(rounds, name))}** | {text(f'{name}.one')} | "
                      f"**{text(f'{name}.one', 'dense_step_16')}** | "
                      f"{text(f'{name}.one', 'dense_step_64')} | {text(f'{name}.ranks')} | "
                      f"{text(f'{name}.ranks', 'dense_step_16')} | {text(f'{name}.feedback')} | "
