@@ -35,7 +35,8 @@ import tempfile
 from absl import app, flags
 
 from benchmarks import bed_async, bed_calibration as cal, bed_probe
-from benchmarks.bed_report import median_or_none, ratios_to_sync, seconds_to, section
+from benchmarks.bed_report import (accuracy_ratios, median_or_none, ratios_to_sync, seconds_to, section,
+                                   whole_run_ratios)
 from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, replace_section, repo_env
 from tfsync_testbed import localrun, shaping
 
@@ -177,7 +178,8 @@ def summarise(mode: str, metrics: dict) -> dict:
             "test_accuracy": metrics["test_accuracy"], "losses": metrics["losses"],
             "epoch_seconds": metrics.get("epoch_seconds", []), "train_seconds": metrics["train_seconds"],
             "local_steps": {k: v for k, v in metrics.items() if k.startswith("local_steps_")},
-            "first_step_seconds": metrics.get("first_step_seconds")}
+            "first_step_seconds": metrics.get("first_step_seconds"),
+            "epoch_accuracy": metrics.get("epoch_accuracy", [])}
 
 
 def auto_pick(log: str) -> dict:
@@ -258,6 +260,8 @@ def write(runs: dict, measured: float) -> None:
                      "worker_rates": done[0]["worker_rates"] and [median_or_none(v) for v in zip(*(r["worker_rates"] for r in done))],
                      "seconds_to_sync_loss_drop": {str(f): median_or_none([seconds_to(r, t) for r in done]) for f, t in targets.items()},
                      "ratio_to_sync_runs": ratios_to_sync(done, sync or [], targets),
+                     "whole_run_ratio_runs": whole_run_ratios(done, sync or []),
+                     "sync_accuracy_ratio_runs": accuracy_ratios(done, sync or []),
                      "test_accuracy_runs": [round(r["test_accuracy"], 4) for r in done],
                      "test_accuracy": median_or_none([r["test_accuracy"] for r in done]),
                      **({"auto_picks": [r["auto_pick"] for r in done],

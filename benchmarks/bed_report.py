@@ -44,8 +44,26 @@ def section(result: dict, name: str) -> str:
         lines.append(f"| {r['straggler']} | {r['mode']} | {r['samples_per_s']:.0f} | "
                      f"{r['steady_samples_per_s'] or 0:.0f} ({steady}) | {times} | {ratios} | "
                      f"{r['test_accuracy']:.3f} ({accuracy}) |")
+    lines += whole_run_lines(rows)
     lines += auto_lines(rows, stragglers)
     return "\n".join(lines) + "\n"
+
+
+def whole_run_lines(rows: list) -> list:
+    """Under the table, for the runs that recorded them: per repeat, the whole run's training
+    time over sync's, and the seconds to sync's final test accuracy over sync's own."""
+    kept = [r for r in rows if r["mode"] != "sync" and r.get("whole_run_ratio_runs")]
+    if not kept:
+        return []
+    out = ["", "Whole runs, per repeat over the same repeat's sync run, both counted from the first step's end: "
+           "the training time (to the last epoch's end), and the seconds to the first epoch end whose test accuracy is sync's final one "
+           "or more (sync's own: its first such epoch end; - : not reached).", "",
+           "| straggler | mode | training time / sync's | to sync's final accuracy / sync's |", "|---|---|---|---|"]
+    for r in kept:
+        whole = ", ".join("-" if v is None else f"{v:.2f}" for v in r["whole_run_ratio_runs"])
+        accurate = ", ".join("-" if v is None else f"{v:.2f}" for v in r.get("sync_accuracy_ratio_runs") or [])
+        out.append(f"| {r['straggler']} | {r['mode']} | {whole} | {accurate or 'not recorded'} |")
+    return out
 
 
 def best_under_horovodrun(rows: list, condition: str):
@@ -98,6 +116,47 @@ def ratios_to_sync(done: list, sync: list, targets: dict) -> dict:
             values.append(None if mine is None or not theirs else round(mine / theirs, 3))
         out[str(f)] = values
     return out
+
+
+def training_seconds(run: dict):
+    """The run's training time from its first step's end to its last epoch's end (None: not
+    recorded). What follows the last epoch is the job's teardown, not training: a few runs with
+    heavy-tailed delays spent 25-30 s there (``train_seconds`` counts it; this does not)."""
+    seconds = run.get("epoch_seconds") or ([run["train_seconds"]] if run.get("train_seconds") is not None else [])
+    if not seconds:
+        return None
+    return seconds[-1] - (run.get("first_step_seconds") or 0.0)
+
+
+def seconds_to_accuracy(run: dict, target: float):
+    """Seconds from the first step's end to the first epoch end whose test accuracy is `target`
+    or more (None: never, or no accuracy per epoch recorded)."""
+    offset = run.get("first_step_seconds") or 0.0
+    for accuracy, seconds in zip(run.get("epoch_accuracy") or [], run.get("epoch_seconds") or []):
+        if accuracy >= target - 1e-9:
+            return seconds - offset
+    return None
+
+
+def _per_repeat(done: list, sync: list, measure) -> list:
+    by_repeat = {r["repeat"]: r for r in sync}
+    values = []
+    for run in done:
+        other = by_repeat.get(run["repeat"])
+        mine, theirs = (measure(run, other), measure(other, other)) if other else (None, None)
+        values.append(None if mine is None or not theirs else round(mine / theirs, 3))
+    return values
+
+
+def whole_run_ratios(done: list, sync: list) -> list:
+    """Per repeat: this run's training time over the same repeat's sync run's."""
+    return _per_repeat(done, sync, lambda run, _: training_seconds(run))
+
+
+def accuracy_ratios(done: list, sync: list) -> list:
+    """Per repeat: this run's seconds to the sync run's final test accuracy over the sync run's
+    own (the first epoch end at it or above, for either)."""
+    return _per_repeat(done, sync, lambda run, other: seconds_to_accuracy(run, other["test_accuracy"]))
 
 
 def median_or_none(values):

@@ -235,6 +235,33 @@ def test_the_best_mode_under_horovodrun_is_hybrid_when_its_median_ratio_to_sync_
         "measured best of sync and hybrid: hybrid")
 
 
+def test_whole_run_and_accuracy_ratios_pair_each_run_with_its_repeats_sync_run_from_the_first_step():
+    from benchmarks.bed_report import accuracy_ratios, section, whole_run_ratios
+
+    def run(repeat, seconds, accuracies, final, first=1.0):
+        return {"repeat": repeat, "train_seconds": seconds[-1] + 0.5, "first_step_seconds": first,
+                "epoch_seconds": seconds, "epoch_accuracy": accuracies, "test_accuracy": final}
+
+    sync = [run(0, [3.0, 5.0, 9.0], [0.90, 0.96, 0.95], 0.96), run(1, [3.0, 6.0, 11.0], [0.9, 0.93, 0.97], 0.97)]
+    policy = [run(1, [2.0, 4.0, 6.0], [0.9, 0.97, 0.99], 0.99, first=2.0), run(0, [4.0, 5.0, 7.0], [0.9, 0.9, 0.91], 0.91)]
+    # to the last epoch's end (train_seconds, 0.5 s later, counts the teardown too):
+    # repeat 1: (6 - 2) / (11 - 1); repeat 0: (7 - 1) / (9 - 1)
+    assert whole_run_ratios(policy, sync) == [round(4.0 / 10.0, 3), round(6.0 / 8.0, 3)]
+    assert whole_run_ratios([{"repeat": 0, "train_seconds": 5.0}], [{"repeat": 0, "train_seconds": 9.0}]) == [
+        round(5.0 / 9.0, 3)]  # no epoch ends recorded: the whole fit
+    # repeat 1: sync's 0.97 first at 11 s, the policy's at 4 s; repeat 0: never reaches sync's 0.96
+    # (sync's own first 0.96 is at 5 s, before its last epoch's 0.95)
+    assert accuracy_ratios(policy, sync) == [round((4.0 - 2.0) / (11.0 - 1.0), 3), None]
+    assert accuracy_ratios(policy, []) == [None, None]
+    rows = [{"straggler": "heavy", "mode": "policy", "seconds_to_sync_loss_drop": {}, "ratio_to_sync_runs": {},
+             "test_accuracy_runs": [0.99], "test_accuracy": 0.99, "samples_per_s": 1.0, "steady_samples_per_s": 1.0,
+             "steady_samples_per_s_runs": [1.0], "whole_run_ratio_runs": [0.43, 0.76],
+             "sync_accuracy_ratio_runs": [0.2, None]}]
+    text = section({"rows": rows, "ranks": 4, "link": "10gbit", "epochs": 3, "repeats": 2, "compute": "emulated",
+                    "hosts": [2, 2], "shaped": "x", "measured_mbit_s": 1.0, "async_on": "x"}, "bed_x")
+    assert "| heavy | policy | 0.43, 0.76 | 0.20, - |" in text
+
+
 def test_async_puts_the_chief_and_the_ps_on_hosts_of_their_own_and_the_workers_over_the_others():
     """The placement of a bed of 4 ranks: 2 rank hosts, then one host per ps."""
     hosts = [SimpleNamespace(address=f"10.9.0.{i + 1}") for i in range(4)]
