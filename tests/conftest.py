@@ -24,6 +24,17 @@ WORKERS = os.path.join(REPO, "tests", "workers")
 # found even after its parent died and it was re-parented.
 OWNER_VAR, OWNER = "TFSYNCMODES_TEST_OWNER", str(os.getpid())
 
+# One temporary directory for the whole session, made by the process that runs pytest (or
+# pytest-xdist's controller) and inherited as TMPDIR by its workers and by every process a test
+# starts; it is removed when that process exits. A process a test kills cannot remove its own
+# temporary files (TensorFlow's autograph sources, removed at exit), so they go with it.
+SESSION_TMP_VAR = "TFSYNCMODES_TEST_TMP"
+if SESSION_TMP_VAR not in os.environ:
+    SESSION_TMP = tempfile.mkdtemp(prefix="tfsync-tests-")
+    os.environ[SESSION_TMP_VAR] = os.environ["TMPDIR"] = SESSION_TMP
+    tempfile.tempdir = None  # read TMPDIR again
+    atexit.register(shutil.rmtree, SESSION_TMP, True)
+
 # The interpreter the tests start their programs with: a warm one (tfsync_testbed.warmpython:
 # TensorFlow, Keras and Horovod imported once, each program a child forked from that), unless
 # TFSYNCMODES_TEST_COLD=1. The tools installed beside the interpreter (horovodrun, the console
