@@ -106,16 +106,8 @@ def ratios_to_sync(done: list, sync: list, targets: dict) -> dict:
     """Per repeat: this run's seconds to each target over the same repeat's sync run's (the runs
     of a repeat are taken back to back, so they share the machine's state), both counted from
     the first step's end."""
-    by_repeat = {r["repeat"]: r for r in sync}
-    out = {}
-    for f, t in targets.items():
-        values = []
-        for run in done:
-            other = by_repeat.get(run["repeat"], {"losses": [], "epoch_seconds": []})
-            mine, theirs = seconds_to(run, t, True), seconds_to(other, t, True)
-            values.append(None if mine is None or not theirs else round(mine / theirs, 3))
-        out[str(f)] = values
-    return out
+    return {str(f): _per_repeat(done, sync, lambda run, _, t=t: seconds_to(run, t, True))
+            for f, t in targets.items()}
 
 
 def training_seconds(run: dict):
