@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ import tempfile
 from absl import app, flags
 
 from benchmarks import bed_async, bed_calibration as cal, bed_probe
-from benchmarks.bed_report import (accuracy_ratios, median_or_none, ratios_to_sync, seconds_to, section,
+from benchmarks.bed_report import (accuracy_ratios, auto_pick, median_or_none, ratios_to_sync, seconds_to, section,
                                    whole_run_ratios)
 from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, replace_section, repo_env
 from tfsync_testbed import localrun, shaping
@@ -179,15 +178,8 @@ def summarise(mode: str, metrics: dict) -> dict:
             "epoch_seconds": metrics.get("epoch_seconds", []), "train_seconds": metrics["train_seconds"],
             "local_steps": {k: v for k, v in metrics.items() if k.startswith("local_steps_")},
             "first_step_seconds": metrics.get("first_step_seconds"),
-            "epoch_accuracy": metrics.get("epoch_accuracy", [])}
-
-
-def auto_pick(log: str) -> dict:
-    """The mode ``--sync_mode=auto`` picked after its profile, and the hybrid/sync rate it predicted."""
-    pick = re.search(r"\] auto: (hybrid|sync)\b.*hybrid/sync predicted ([0-9.]+)", log)
-    if pick is None:
-        sys.exit("benchmarks.bed: an auto run logged no pick (its log's tail: " + log[-500:].replace("\n", " | ") + ")")
-    return {"auto_pick": pick.group(1), "auto_predicted_gain": float(pick.group(2))}
+            "epoch_accuracy": metrics.get("epoch_accuracy", []),
+            **{k: metrics[k] for k in ("modes", "mode_switches", "switch_seconds") if k in metrics}}
 
 
 def main(argv):

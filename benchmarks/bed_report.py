@@ -3,7 +3,9 @@ from the JSON the run left (``python -m benchmarks.bed --render=FILE`` writes it
 figures of its runs: seconds to a loss target, ratios to the same repeat's sync run."""
 from __future__ import annotations
 
+import re
 import statistics
+import sys
 
 
 def section(result: dict, name: str) -> str:
@@ -45,6 +47,7 @@ def section(result: dict, name: str) -> str:
                      f"{r['steady_samples_per_s'] or 0:.0f} ({steady}) | {times} | {ratios} | "
                      f"{r['test_accuracy']:.3f} ({accuracy}) |")
     lines += whole_run_lines(rows)
+    lines += switch_lines(result.get("runs", []))
     lines += auto_lines(rows, stragglers)
     return "\n".join(lines) + "\n"
 
@@ -63,6 +66,27 @@ def whole_run_lines(rows: list) -> list:
         whole = ", ".join("-" if v is None else f"{v:.2f}" for v in r["whole_run_ratio_runs"])
         accurate = ", ".join("-" if v is None else f"{v:.2f}" for v in r.get("sync_accuracy_ratio_runs") or [])
         out.append(f"| {r['straggler']} | {r['mode']} | {whole} | {accurate or 'not recorded'} |")
+    return out
+
+
+def switch_lines(runs: list) -> list:
+    """Under the tables, for the switching runs that recorded them: per run, the epochs it switched in (1 first) and the mode it switched to, and
+    the seconds its switches took, from each one's start to the end of the first step after it."""
+    kept = [r for r in runs if r.get("mode_switches") and r.get("modes")]
+    if not kept:
+        return []
+    out = ["", "Switches, per run: the epoch of each (1: the first) and the mode it went to, and the seconds "
+           "from its start (a Horovod restart included) to the end of the first step after it.", "",
+           "| straggler | mode | repeat | switches | seconds |", "|---|---|---|---|---|"]
+    names = {0.0: "sync", 2.0: "hybrid"}
+    for r in kept:
+        # Several switches in an epoch alternate between the two modes, the last to the mode
+        # the epoch ended in.
+        went = [f"{e + 1} to {names[m] if (n - 1 - i) % 2 == 0 else names[2.0 - m]}"
+                for e, (n, m) in enumerate(zip(r["mode_switches"], r["modes"])) for i in range(int(n))]
+        seconds = ", ".join(f"{v:.2f}" for v, n in zip(r.get("switch_seconds") or [], r["mode_switches"]) if n)
+        out.append(f"| {r['straggler']} | {r['mode']} | {r['repeat'] + 1} | {'; '.join(went) or 'none'} | "
+                   f"{seconds or 'not recorded'} |")
     return out
 
 
@@ -154,3 +178,11 @@ def accuracy_ratios(done: list, sync: list) -> list:
 def median_or_none(values):
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 3) if values else None
+
+
+def auto_pick(log: str) -> dict:
+    """The mode ``--sync_mode=auto`` picked after its profile, and the hybrid/sync rate it predicted."""
+    pick = re.search(r"\] auto: (hybrid|sync)\b.*hybrid/sync predicted ([0-9.]+)", log)
+    if pick is None:
+        sys.exit("benchmarks.bed: an auto run logged no pick (its log's tail: " + log[-500:].replace("\n", " | ") + ")")
+    return {"auto_pick": pick.group(1), "auto_predicted_gain": float(pick.group(2))}

@@ -262,6 +262,24 @@ def test_whole_run_and_accuracy_ratios_pair_each_run_with_its_repeats_sync_run_f
     assert "| heavy | policy | 0.43, 0.76 | 0.20, - |" in text
 
 
+def test_the_switch_table_names_each_switchs_epoch_and_direction_and_its_seconds():
+    from benchmarks.bed_report import switch_lines
+
+    runs = [{"straggler": "heavy", "mode": "policy", "repeat": 0, "modes": [0.0, 2.0, 2.0],
+             "mode_switches": [0.0, 1.0, 0.0], "switch_seconds": [0.0, 1.5, 0.0]},
+            # epoch 2 ends in hybrid after two switches (to hybrid, back, to hybrid); epoch 3 back to sync
+            {"straggler": "transient", "mode": "policy", "repeat": 2, "modes": [0.0, 2.0, 0.0],
+             "mode_switches": [0.0, 3.0, 1.0], "switch_seconds": [0.0, 2.25, 0.5]},
+            {"straggler": "none", "mode": "policy", "repeat": 1, "modes": [0.0, 0.0],
+             "mode_switches": [0.0, 0.0], "switch_seconds": [0.0, 0.0]},
+            {"straggler": "none", "mode": "hybrid", "repeat": 0}]  # not a switching run: no line
+    lines = switch_lines(runs)
+    assert lines[-3:] == ["| heavy | policy | 1 | 2 to hybrid | 1.50 |",
+                          "| transient | policy | 3 | 2 to hybrid; 2 to sync; 2 to hybrid; 3 to sync | 2.25, 0.50 |",
+                          "| none | policy | 2 | none | not recorded |"]
+    assert switch_lines(runs[3:]) == []
+
+
 def test_async_puts_the_chief_and_the_ps_on_hosts_of_their_own_and_the_workers_over_the_others():
     """The placement of a bed of 4 ranks: 2 rank hosts, then one host per ps."""
     hosts = [SimpleNamespace(address=f"10.9.0.{i + 1}") for i in range(4)]

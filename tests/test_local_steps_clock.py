@@ -46,6 +46,19 @@ def test_the_straggler_policy_sees_a_rank_slowed_inside_its_steps(tmp_path):
     result = run_checked(localrun.horovodrun_command(4, command), timeout=260)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["modes"][-1] == 2.0 and sum(metrics["mode_switches"]) == 1, metrics
+    # What the switch cost, in History and in the chief's line: from its start, Horovod's restart
+    # with the groups' process sets included, to the end of the first hybrid step (which traces
+    # hybrid's train function); no cost in an epoch without a switch.
+    cost = re.search(r"the switch to hybrid took ([0-9.]+) s to its first step's end "
+                     r"\(Horovod restarted in ([0-9.]+) s\)", result.stdout + result.stderr)
+    assert cost, "no line of the switch's cost"
+    took, restart = float(cost.group(1)), float(cost.group(2))
+    assert 0 < restart < took, cost.group(0)
+    # History has the ranks' mean (MetricAverage): all of them leave the restart and end the first
+    # step together, within a few hundredths of a second (1.74 against the chief's 1.68).
+    [mean] = [s for s, n in zip(metrics["switch_seconds"], metrics["mode_switches"]) if n]
+    assert abs(mean - took) <= 0.25 * took, (mean, cost.group(0))
+    assert all(s == 0 for s, n in zip(metrics["switch_seconds"], metrics["mode_switches"]) if not n), metrics
     line = next(l for l in (result.stdout + result.stderr).splitlines() if "switch to hybrid" in l)
     match = re.search(r"groups=([0-9,;]+).*\[([0-9.,]+)\]", line)
     assert match, line

@@ -253,7 +253,7 @@ def train(argv):
         if "mode" in history.history:  # a switching run: the mode each epoch ended in (sync 0, hybrid 2)
             metrics["modes"] = [float(v) for v in history.history["mode"]]
         for key in ("staleness_mean", "staleness_max", "staleness", "bytes_sent", "compression_ratio",
-                    "cross_group_lag", "dropped_updates", "mode_switches"):
+                    "cross_group_lag", "dropped_updates", "mode_switches", "switch_seconds"):
             if key in history.history:
                 metrics[key] = [float(v) for v in history.history[key]]
         for key in sorted(k for k in history.history if k.startswith("local_steps_")):

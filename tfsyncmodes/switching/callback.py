@@ -13,13 +13,17 @@ the first one at or after the step asked for.
 
 Logs: every batch's and epoch's logs get ``mode`` (the mode's number:
 :func:`mode_code`, sync 0, hybrid 2), epoch logs (and so History) also
-``mode_switches`` (switches in that epoch). ``bytes_sent`` (cross-group bytes) is 0 in a step
+``mode_switches`` (switches in that epoch) and ``switch_seconds`` (what they cost: from each
+switch's start, a Horovod restart included, to the end of the first step after it, which traces
+the new mode's train function unless this fit() traced it before; the chief logs its own, and
+under Horovod History has the ranks' mean, as of every epoch log). ``bytes_sent`` (cross-group bytes) is 0 in a step
 of a mode that does not cross groups, and per epoch the mean over the epoch's hybrid steps (0
 in an epoch without any). With a ``log_dir`` the chief writes, at every
 switch step, a scalar ``mode`` and a text ``mode_switch`` ("sync -> hybrid at step 30").
 """
 from __future__ import annotations
 
+import time
 from typing import List, Optional, Tuple
 
 from absl import logging
@@ -49,6 +53,9 @@ class ModeSwitch(keras.callbacks.Callback):
         self.log_dir = log_dir
         self.switches: List[Tuple[int, str, str]] = []  # (step, from, to), this process's record
         self._in_epoch = 0
+        self._switch_seconds = 0.0  # this epoch's switches, each to its first step's end
+        self._switch_clock: Optional[float] = None  # the switch under way: when it began
+        self._restarts_before = 0.0  # the strategy's Horovod restart seconds when it began
         self._writer = None
         self._traces = {}  # (mode, exchange) -> the train function traced for it, this fit()
 
@@ -85,7 +92,9 @@ class ModeSwitch(keras.callbacks.Callback):
         previous, step = exchange.active, self.step
         self._traces.setdefault(self._trace_key(), self.model.train_function)
         if not exchange.switch(mode):
+            self._switch_clock = None
             return False
+        self.start_switch_clock()
         self._retrace()
         if self.strategy is not None and hasattr(self.strategy, "mode_switched"):
             self.strategy.mode_switched(mode)
@@ -107,6 +116,27 @@ class ModeSwitch(keras.callbacks.Callback):
             self._retrace()
         if self.strategy is not None and hasattr(self.strategy, "mode_switched"):
             self.strategy.mode_switched(mode)
+
+    def start_switch_clock(self) -> None:
+        """Marks a switch's start (a policy that restarts Horovod first calls it before)."""
+        if self._switch_clock is None:
+            self._switch_clock = time.perf_counter()
+            self._restarts_before = getattr(self.strategy, "restart_seconds", 0.0)
+
+    def _switch_done(self, logs) -> None:
+        """At the first step's end after a switch: its cost, from its start (see the module doc)."""
+        import numpy as np
+
+        for value in (logs or {}).values():
+            np.asarray(value)  # waits for the step's result
+            break
+        seconds, self._switch_clock = time.perf_counter() - self._switch_clock, None
+        self._switch_seconds += seconds
+        if self._is_chief():
+            restart = getattr(self.strategy, "restart_seconds", 0.0) - self._restarts_before
+            logging.info("tfsyncmodes: step %d: the switch to %s took %.2f s to its first step's end%s",
+                         self.step, self.mode, seconds,
+                         f" (Horovod restarted in {restart:.2f} s)" if restart > 0 else "")
 
     def _trace_key(self):
         return self.exchange.active, id(self.exchange.exchanges[self.exchange.active])
@@ -144,9 +174,11 @@ class ModeSwitch(keras.callbacks.Callback):
             self._mark(self.step, f"{self.mode} from step {self.step}")
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._in_epoch = 0
+        self._in_epoch, self._switch_seconds = 0, 0.0
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._switch_clock is not None:
+            self._switch_done(logs)
         if logs is not None:
             exchange = self.exchange
             logs["mode"] = float(mode_code(exchange.active))
@@ -158,6 +190,7 @@ class ModeSwitch(keras.callbacks.Callback):
             exchange = self.exchange
             logs["mode"] = float(mode_code(exchange.active))
             logs["mode_switches"] = float(self._in_epoch)
+            logs["switch_seconds"] = self._switch_seconds
             if any(exchange.crosses_groups(m) for m in exchange.modes):  # History: one entry per epoch
                 logs.setdefault("bytes_sent", 0.0)
                 logs.setdefault("compression_ratio", 0.0)

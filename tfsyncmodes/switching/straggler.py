@@ -152,6 +152,7 @@ class StragglerSwitch(ModeSwitch):
         if decision.mode == "sync" and policy is not None:
             self._back_to_sync = decision  # the groups' steps differ until the epoch's end
             return
+        self.start_switch_clock()  # the switch's cost includes Horovod's restart
         if decision.mode == "hybrid":
             self._regroup(decision.groups)
         self._switch(decision.mode, f"ratio {decision.ratio:.2f}", batch)

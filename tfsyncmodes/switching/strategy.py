@@ -10,6 +10,7 @@ the run's, the plan, and the mode it trains in now (:attr:`mode`). Optimizers it
 from __future__ import annotations
 
 import os
+import time
 from typing import List, Optional, Sequence
 
 from tfsyncmodes.cluster import HorovodEnv
@@ -47,6 +48,7 @@ class SwitchingStrategy(HorovodStrategy):
         self._sets_added = True  # the groups' process sets are Horovod's (see regroup)
         self._restarts_horovod = bool(getattr(plan, "groups_at_switch", False))
         self._restarts = None  # made at the first restart
+        self.restart_seconds = 0.0  # Horovod's restarts so far, in all (the switch callback logs each)
         if "hybrid" in self.modes:
             hybrid = self.configs["hybrid"]
             self.layout = groups_lib.layout_from_config(hybrid, horovod_env.size, horovod_env.local_size)
@@ -105,7 +107,9 @@ class SwitchingStrategy(HorovodStrategy):
         (:mod:`~tfsyncmodes.strategies.horovod_restart`)."""
         if self._restarts is None:
             self._restarts = horovod_restart.Restarts(self.hvd)
+        began = time.perf_counter()
         self._restarts.restart(self.gloo_timeouts, sets)
+        self.restart_seconds += time.perf_counter() - began
 
     @property
     def group_index(self) -> Optional[int]:
