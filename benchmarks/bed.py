@@ -61,7 +61,8 @@ flags.DEFINE_integer("ps", 1, "Async's parameter servers, each on a host of its 
 flags.DEFINE_enum("ps_link", None, list(cal.LINK_CLASSES), "Async: the link class of the hosts of the ps tasks "
                   "(the chief is on the first), scaled as --link is (default: --link's).")
 flags.DEFINE_float("queue_ms", 50.0, "The longest a packet may wait in a host's shaped queue (tbf's latency): "
-                   "the queue holds this many ms of the link's rate.")
+                   "the queue holds this many ms of the link's rate, so fewer bytes at a slower --step_ms "
+                   "(scale it with --step_ms to keep the bytes of 50 ms steps).")
 flags.DEFINE_integer("first_bytes", 0, "Queue every host's packets under this many bytes apart and send them "
                      "first (1024: requests, replies and acknowledgements, as a host's flow queuing keeps them from "
                      "waiting behind bulk data; tfsync_testbed/shaping.py); 0: one queue, as every earlier file.")
