@@ -70,8 +70,9 @@ def whole_run_lines(rows: list) -> list:
 
 
 def switch_lines(runs: list) -> list:
-    """Under the tables, for the switching runs that recorded them: per run, the epochs it switched in (1 first) and the mode it switched to, and
-    the seconds its switches took, from each one's start to the end of the first step after it."""
+    """Under the tables, for the switching runs that recorded them: per run, the epochs it
+    switched in (1 first) and the mode it switched to, and the seconds its switches took, from
+    each one's start to the end of the first step after it."""
     kept = [r for r in runs if r.get("mode_switches") and r.get("modes")]
     if not kept:
         return []

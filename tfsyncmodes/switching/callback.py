@@ -16,9 +16,9 @@ Logs: every batch's and epoch's logs get ``mode`` (the mode's number:
 ``mode_switches`` (switches in that epoch) and ``switch_seconds`` (what they cost: from each
 switch's start, a Horovod restart included, to the end of the first step after it, which traces
 the new mode's train function unless this fit() traced it before; the chief logs its own, and
-under Horovod History has the ranks' mean, as of every epoch log). ``bytes_sent`` (cross-group bytes) is 0 in a step
-of a mode that does not cross groups, and per epoch the mean over the epoch's hybrid steps (0
-in an epoch without any). With a ``log_dir`` the chief writes, at every
+under Horovod History has the ranks' mean, as of every epoch log). ``bytes_sent`` (cross-group
+bytes) is 0 in a step of a mode that does not cross groups, and per epoch the mean over the
+epoch's hybrid steps (0 in an epoch without any). With a ``log_dir`` the chief writes, at every
 switch step, a scalar ``mode`` and a text ``mode_switch`` ("sync -> hybrid at step 30").
 """
 from __future__ import annotations
