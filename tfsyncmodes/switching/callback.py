@@ -39,6 +39,15 @@ from tfsyncmodes.keras.compat import keras
 MODE_CODES = {"sync": 0, "async": 1, "hybrid": 2}
 
 
+def wait_for_step(logs) -> None:
+    """Waits for the step whose batch `logs` these are (reads one of its values)."""
+    import numpy as np
+
+    for value in (logs or {}).values():
+        np.asarray(value)
+        break
+
+
 def mode_code(mode: str) -> int:
     """The number logs carry for `mode` (sync 0, async 1, hybrid 2)."""
     return MODE_CODES[mode]
@@ -125,11 +134,7 @@ class ModeSwitch(keras.callbacks.Callback):
 
     def _switch_done(self, logs) -> None:
         """At the first step's end after a switch: its cost, from its start (see the module doc)."""
-        import numpy as np
-
-        for value in (logs or {}).values():
-            np.asarray(value)  # waits for the step's result
-            break
+        wait_for_step(logs)
         seconds, self._switch_clock = time.perf_counter() - self._switch_clock, None
         self._switch_seconds += seconds
         if self._is_chief():

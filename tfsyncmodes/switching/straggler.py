@@ -53,7 +53,7 @@ from absl import logging
 from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.exchange import communicators, recipes
 from tfsyncmodes.exchange.local_steps import SpeedProportionalAverage
-from tfsyncmodes.switching.callback import ModeSwitch
+from tfsyncmodes.switching.callback import ModeSwitch, wait_for_step
 from tfsyncmodes.switching.decision import Decision, Groups, StragglerDecider, own_step_times, shared_step
 
 STEPS_GATHERED = 32  # each rank's latest stamped computes in a window's allgather (-1: none)
@@ -98,11 +98,7 @@ class StragglerSwitch(ModeSwitch):
         self._began_wall = time.time()  # the clock's stamp is wall time
 
     def on_train_batch_end(self, batch, logs=None):
-        import numpy as np
-
-        for value in (logs or {}).values():
-            np.asarray(value)  # waits for the step's result
-            break
+        wait_for_step(logs)
         self._ended = time.perf_counter()
         stamp = self.exchange.clock.read()
         if self._skip == 0 and stamp >= self._began_wall > 0:
