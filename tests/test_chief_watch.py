@@ -3,10 +3,12 @@ sockets on 127.0.0.1: a refusal after an answer ends the task at once; probes th
 unanswered (here a listener whose accept queue is full, so the kernel drops the connection's
 first packet, as a saturated link can delay it) end it only after SILENT_SECONDS of them."""
 import socket
+import threading
+import types
 
 import pytest
 
-from tfsyncmodes.strategies.parameter_server import ChiefWatch, probe
+from tfsyncmodes.strategies.parameter_server import AsyncStrategy, ChiefWatch, probe
 
 
 class Clock:
@@ -68,3 +70,20 @@ def test_unanswered_probes_end_the_task_only_after_the_silent_time():
         for client in held:
             client.close()
         server.close()
+
+
+def test_a_lost_ps_whose_listener_closes_a_moment_after_the_error_is_still_named():
+    """A killed ps's connections can break (the chief's error) just before its listening socket
+    closes; the report probes until it does, and names the ps that went."""
+    kept, kept_address = listener()
+    going, going_address = listener()
+    timer = threading.Timer(0.5, going.close)
+    timer.start()
+    try:
+        owner = types.SimpleNamespace(cluster=types.SimpleNamespace(cluster={"ps": [kept_address, going_address]}))
+        failure = AsyncStrategy.parameter_server_lost(owner, RuntimeError("lost"))
+    finally:
+        timer.join()
+        kept.close()
+    assert str(failure).startswith(f"ps:1 at {going_address} is unreachable"), str(failure)
+    assert "ps:0" not in str(failure)

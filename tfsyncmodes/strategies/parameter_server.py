@@ -53,6 +53,7 @@ def make_parameter_server_strategy(config: SyncConfig, tf_config: Optional[TFCon
     return AsyncStrategy(config, tf_config)
 
 
+LOST_PS_SECONDS = 3.0  # how long a lost parameter server's address is probed to name it
 SILENT_SECONDS = 30.0  # a chief that neither answers nor refuses this long is taken as gone
 
 
@@ -207,8 +208,15 @@ class AsyncStrategy(ModeStrategy):
                 logging.warning("worker:%d at %s is back; the coordinator gives it steps again", index, address)
 
     def parameter_server_lost(self, error: Exception) -> JobFailure:
-        """The failure to report when a parameter server stopped answering."""
-        lost = [f"ps:{i} at {a}" for i, a in enumerate(self.cluster.cluster["ps"]) if not probe(a)]
+        """The failure to report when a parameter server stopped answering. A killed server's
+        connections can close a moment before its listening socket does, so the probes go on
+        for up to `LOST_PS_SECONDS` until one of them fails."""
+        stop = time.monotonic() + LOST_PS_SECONDS
+        while True:
+            lost = [f"ps:{i} at {a}" for i, a in enumerate(self.cluster.cluster["ps"]) if not probe(a)]
+            if lost or time.monotonic() >= stop:
+                break
+            time.sleep(0.1)
         return JobFailure(f"{', '.join(lost) or 'a parameter server'} is unreachable and training cannot "
                           f"go on ({type(error).__name__}); restart the cluster with the same --model_dir "
                           "to resume from the last finished epoch")
