@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from benchmarks import bed_calibration as cal
-from tfsyncmodes import costs, knobs, simulate
+from tfsyncmodes import costs, knobs, simulate, simulate_policy
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -233,7 +233,7 @@ def policy_priced(bed: dict) -> bool:
 def policy_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings = DEFAULT,
                 policy_s: float = 0.0) -> Optional[float]:
     """The straggler policy's steady rate, simulated step by step
-    (:func:`tfsyncmodes.simulate.policy_epochs`) with the trainer's switch settings; heavy rows
+    (:func:`tfsyncmodes.simulate_policy.policy_epochs`) with the trainer's switch settings; heavy rows
     replay the factors the bed's ranks drew in every epoch; the decision's rule is the one the
     file ran (``policy_rule``; before it was recorded, ``"mean"``), at its threshold
     (``switch_threshold``; before, 1.5). The simulation's groups are the
@@ -244,7 +244,7 @@ def policy_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings =
     window, in_steps = straggler_window(bed, condition, settings)
     delays = all_delays(bed, settings) if condition == "heavy" else None
     defaults = knobs.KNOBS_BY_KEY
-    ends, samples, _ = simulate.policy_epochs(
+    ends, samples, _ = simulate_policy.policy_epochs(
         slow, bed["epochs"], window, in_steps, interval=int(defaults["switch_interval"].default),
         threshold=float(bed.get("switch_threshold", 1.5)), patience=int(defaults["switch_patience"].default),
         policy_overhead_ms=policy_s * 1e3, delays=delays, rule=bed.get("policy_rule", "mean"))

@@ -119,7 +119,7 @@ def calls() -> tuple:
     import tensorflow as tf
 
     from tfsyncmodes import config
-    from tfsyncmodes.exchange import recipes
+    from tfsyncmodes.exchange import knob_settings
     from tfsyncmodes.exchange.flat import TensorContext, flatten
     from tfsyncmodes.exchange.memory import default_memory
     from tfsyncmodes.keras.compat import keras
@@ -144,7 +144,7 @@ def calls() -> tuple:
     timed["flat.in_step"] = (training_step(model, loss, lambda flat: flat, ctx), (x[:16], y[:16]))
     for name, implementation in rows():
         knobs = config.resolve({"compression": name, "topk_ratio": FLAGS.topk_ratio}, environ={}, use_flags=False)
-        compressor = recipes.compressor(knobs, implementation=implementation)
+        compressor = knob_settings.compressor(knobs, implementation=implementation)
         if getattr(compressor, "implementation", None) is None and implementation != FLAGS.implementations[0]:
             continue  # a compression with one implementation (fp16) is timed once
         key = row_key(name, implementation)

@@ -109,20 +109,20 @@ def test_an_inner_optimizer_with_momentum_of_its_own_is_warned_about(caplog):
 def test_dgc_knobs_turn_the_parts_on_and_are_flagged_without_top_k():
     import tfsyncmodes
     from tfsyncmodes import knobs
-    from tfsyncmodes.exchange import recipes
+    from tfsyncmodes.exchange import knob_settings
 
     on = tfsyncmodes.resolve({"mode": "sync", "compression": "topk_int2", "dgc": True, "dgc_clip_norm": 2.0,
                               "dgc_warmup_steps": 40}, environ={}, use_flags=False)
-    assert recipes.dgc_on(on) and recipes.dgc_momentum(on) == 0.9
-    assert recipes.dgc_clip(on, 4).clip_norm == pytest.approx(1.0)
-    assert recipes.sparsity_warmup(on).steps == 40
-    chosen = recipes.compressor(on, recipes.sparsity_warmup(on))
+    assert knob_settings.dgc_on(on) and knob_settings.dgc_momentum(on) == 0.9
+    assert knob_settings.dgc_clip(on, 4).clip_norm == pytest.approx(1.0)
+    assert knob_settings.sparsity_warmup(on).steps == 40
+    chosen = knob_settings.compressor(on, knob_settings.sparsity_warmup(on))
     assert chosen.bits == 2 and chosen.warmup is not None and chosen.values.clip_sigma == 6.0
     for key in ("dgc_momentum", "dgc_clip_norm", "dgc_warmup_steps", "topk_ratio", "quantize_sigma"):
         assert knobs.in_force(knobs.KNOBS_BY_KEY[key], on.as_dict() if hasattr(on, "as_dict") else vars(on)), key
     assert not knobs.in_force(knobs.KNOBS_BY_KEY["error_feedback"], vars(on))  # DGC's memory replaces it
     dense = tfsyncmodes.resolve({"mode": "sync", "compression": "int8", "dgc": True}, environ={}, use_flags=False)
-    assert not recipes.dgc_on(dense)
+    assert not knob_settings.dgc_on(dense)
     for key in ("dgc", "dgc_momentum", "topk_ratio"):
         assert not knobs.in_force(knobs.KNOBS_BY_KEY[key], vars(dense)), key
     assert knobs.in_force(knobs.KNOBS_BY_KEY["quantize_sigma"], vars(dense))

@@ -86,11 +86,11 @@ def test_fp16_round_trip_is_within_its_bound_and_halves_the_bytes():
 
 @pytest.mark.parametrize("compression", ["topk", "fp16"])
 def test_error_feedback_keeps_exactly_the_dropped_mass(compression):
-    from tfsyncmodes.exchange import recipes
+    from tfsyncmodes.exchange import knob_settings
 
     config = config_lib.resolve({"compression": compression, "topk_ratio": 0.05}, environ={}, use_flags=False)
-    compressor = recipes.compressor(config)
-    residual = recipes.memory(config, compressor)
+    compressor = knob_settings.compressor(config)
+    residual = knob_settings.memory(config, compressor)
     flat = ctx(400)
     residual.build(flat, lambda name, shape, dtype: tf.Variable(tf.zeros(shape, dtype)))
     rng = np.random.default_rng(9)
@@ -168,7 +168,7 @@ def test_bad_hybrid_knobs_name_source_field_and_fix(environ, words):
 
 
 def test_elastic_alpha_is_the_papers_by_default_and_keeps_the_center_within_the_groups():
-    from tfsyncmodes.exchange.recipes import elastic_alpha
+    from tfsyncmodes.exchange.knob_settings import elastic_alpha
 
     assert config_lib.resolve({"cross_group": "elastic"}, environ={}, use_flags=False).cross_group == "elastic"
     default = config_lib.resolve({}, environ={}, use_flags=False)

@@ -116,14 +116,14 @@ def test_one_fragment_is_periodic_averaging_bit_for_bit(tmp_path_factory):
                                                 "use fixed, or fragments=1"]),
 ])
 def test_fragments_that_cannot_run_are_one_clear_error(knobs, words):
-    from tfsyncmodes.exchange import recipes
+    from tfsyncmodes.exchange import knob_settings
 
     config = config_lib.resolve(dict(knobs, mode="hybrid"), environ={}, use_flags=False)
     with pytest.raises(ConfigError) as raised:
-        recipes.fragments(config)
+        knob_settings.fragments(config)
     assert len(str(raised.value).splitlines()) == 1
     for word in words:
         assert word in str(raised.value)
     # local_steps left at its default is fixed under fragments, not refused.
     fine = config_lib.resolve({"mode": "hybrid", "fragments": 2, "period": 2}, environ={}, use_flags=False)
-    assert recipes.fragments(fine) == 2 and fine.local_steps == "auto"
+    assert knob_settings.fragments(fine) == 2 and fine.local_steps == "auto"

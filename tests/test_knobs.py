@@ -55,13 +55,13 @@ def test_old_sentinels_are_refused_naming_the_word(key, old, fix):
 
 def test_consumers_see_words_and_period(tmp_path):
     """What the exchange reads: period for periodic and elastic, staleness for stale only."""
-    from tfsyncmodes.exchange import recipes
+    from tfsyncmodes.exchange import knob_settings
 
     defaults = resolve(mode="hybrid")
     assert (defaults.staleness, defaults.period, defaults.local_steps, defaults.group_size) == (7, 8, "auto", "host")
-    assert recipes.period(defaults) == 8
-    assert recipes.elastic_alpha(defaults, 3) == pytest.approx(0.3)
-    assert recipes.elastic_alpha(resolve(mode="hybrid", cross_group="elastic", elastic_alpha=0.2), 3) == 0.2
+    assert knob_settings.period(defaults) == 8
+    assert knob_settings.elastic_alpha(defaults, 3) == pytest.approx(0.3)
+    assert knob_settings.elastic_alpha(resolve(mode="hybrid", cross_group="elastic", elastic_alpha=0.2), 3) == 0.2
     asynchronous = resolve(mode="async")
     assert (asynchronous.clip_norm, asynchronous.lr_decay, asynchronous.max_staleness,
             asynchronous.delay_compensation) == ("off",) * 4

@@ -1,10 +1,10 @@
-"""The straggler policy simulated step by step (tfsyncmodes.simulate.policy_epochs) against runs
+"""The straggler policy simulated step by step (tfsyncmodes.simulate_policy.policy_epochs) against runs
 worked by hand from the policy's documented rule, and its restated hysteresis against the
 trainer's decider (tfsyncmodes.switching.decision)."""
 import numpy as np
 import pytest
 
-from tfsyncmodes import costs, simulate
+from tfsyncmodes import costs, simulate_policy
 from tfsyncmodes.switching.decision import StragglerDecider
 
 BATCH = 64
@@ -19,7 +19,7 @@ def two_hosts(**kw):
 
 
 def test_no_straggler_stays_in_sync_and_pays_its_own_cost_every_step():
-    ends, samples, switches = simulate.policy_epochs(two_hosts(), 3, interval=2, policy_overhead_ms=5.0)
+    ends, samples, switches = simulate_policy.policy_epochs(two_hosts(), 3, interval=2, policy_overhead_ms=5.0)
     np.testing.assert_allclose(ends, 8 * (0.105 + C) * np.arange(1, 4), rtol=1e-9)
     np.testing.assert_array_equal(samples, [16 * BATCH] * 3)
     assert switches == []
@@ -40,7 +40,7 @@ def test_a_straggler_that_leaves_is_judged_switched_away_from_and_back_as_worked
     - Epoch 2: round 1 averages 0.13529 (ratio 1.15, streak 1), plan 3 and 4 (17.2 a second);
       round 2 0.10847 (1.04, streak 2: back to sync at the epoch's end, 4.8 + 11C, 5 + 8 steps).
     - Epoch 3: sync at 0.1 + C a step."""
-    ends, samples, switches = simulate.policy_epochs(two_hosts(straggler=4.0), 4, (0.0, 3.0), interval=2,
+    ends, samples, switches = simulate_policy.policy_epochs(two_hosts(straggler=4.0), 4, (0.0, 3.0), interval=2,
                                                      rule="mean")
     np.testing.assert_allclose(ends, [3.2 + 7 * C, 4.0 + 9 * C, 4.8 + 11 * C, 5.6 + 19 * C], rtol=1e-9)
     np.testing.assert_array_equal(samples, np.array([16, 10, 13, 16]) * BATCH)
@@ -54,7 +54,7 @@ def test_the_barrier_rule_judges_each_ranks_own_steps_and_goes_back_as_soon_as_t
     judges nothing. Epoch 1: rank 0 is fast; each round pairs its one step with the other's
     latest: 0.1 and 0.1, ratio 1.0, twice: back to sync at the epoch's end (4.0 + 9C, 2 + 8
     steps), an epoch before the moving averages would have said so. Then sync: 0.1 + C a step."""
-    ends, samples, switches = simulate.policy_epochs(two_hosts(straggler=4.0), 4, (0.0, 3.0), interval=2)
+    ends, samples, switches = simulate_policy.policy_epochs(two_hosts(straggler=4.0), 4, (0.0, 3.0), interval=2)
     np.testing.assert_allclose(ends, [3.2 + 7 * C, 4.0 + 9 * C, 4.8 + 17 * C, 5.6 + 25 * C], rtol=1e-9)
     np.testing.assert_array_equal(samples, np.array([16, 10, 16, 16]) * BATCH)
     assert switches == [(0, 6, "hybrid"), (2, 0, "sync")]
@@ -68,16 +68,16 @@ def test_a_tail_that_no_ranks_mean_shows_moves_the_barrier_rule_to_hybrid_and_ke
     7C), and it stays: the groups' latest steps, paired, still differ by a step's turn."""
     delays = np.ones((100, 2))
     delays[0::2, 0] = delays[1::2, 1] = 3.2
-    ends, _, switches = simulate.policy_epochs(two_hosts(), 3, interval=2, delays=delays, rule="mean")
+    ends, _, switches = simulate_policy.policy_epochs(two_hosts(), 3, interval=2, delays=delays, rule="mean")
     np.testing.assert_allclose(ends, 8 * (0.32 + C) * np.arange(1, 4), rtol=1e-9)
     assert switches == []
-    ends, samples, switches = simulate.policy_epochs(two_hosts(), 3, interval=2, delays=delays)
+    ends, samples, switches = simulate_policy.policy_epochs(two_hosts(), 3, interval=2, delays=delays)
     assert ends[0] == pytest.approx(2.34 + 7 * C, rel=1e-9) and samples[0] == 16 * BATCH
     assert switches == [(0, 6, "hybrid")]
 
 
 def test_a_persistent_straggler_stays_in_hybrid_at_the_plans_pace():
-    ends, samples, switches = simulate.policy_epochs(two_hosts(straggler=4.0), 3, interval=2)
+    ends, samples, switches = simulate_policy.policy_epochs(two_hosts(straggler=4.0), 3, interval=2)
     np.testing.assert_allclose(ends, [3.2 + 7 * C, 4.0 + 9 * C, 4.8 + 11 * C], rtol=1e-9)
     np.testing.assert_array_equal(samples, np.array([16, 10, 10]) * BATCH)
     assert switches == [(0, 6, "hybrid")]
@@ -88,22 +88,22 @@ def test_replayed_delays_slow_each_rank_by_its_own_step_and_a_tail_under_the_thr
     0.13 + C; rank 1 twice as long at its step 3 only: that step takes 0.2 + C."""
     delays = np.ones((100, 2))
     delays[:, 1] = 1.3
-    ends, _, switches = simulate.policy_epochs(two_hosts(), 2, interval=2, delays=delays)
+    ends, _, switches = simulate_policy.policy_epochs(two_hosts(), 2, interval=2, delays=delays)
     np.testing.assert_allclose(ends, 8 * (0.13 + C) * np.arange(1, 3), rtol=1e-9)
     assert switches == []
     delays = np.ones((16, 2))
     delays[3, 1] = 2.0
-    ends, _, switches = simulate.policy_epochs(two_hosts(), 2, interval=2, delays=delays)
+    ends, _, switches = simulate_policy.policy_epochs(two_hosts(), 2, interval=2, delays=delays)
     np.testing.assert_allclose(ends, [0.9 + 8 * C, 1.7 + 16 * C], rtol=1e-9)
     assert switches == []
 
 
 def test_the_restated_hysteresis_is_the_trainers_decider():
-    """simulate.Decider against the trainer's StragglerDecider on 200 random runs of windows."""
+    """simulate_policy.Decider against the trainer's StragglerDecider on 200 random runs of windows."""
     rng = np.random.default_rng(5)
     for _ in range(200):
         threshold, patience = float(rng.uniform(1.1, 3.0)), int(rng.integers(1, 4))
-        ours, theirs = simulate.Decider(threshold, patience), StragglerDecider(threshold, patience)
+        ours, theirs = simulate_policy.Decider(threshold, patience), StragglerDecider(threshold, patience)
         for _ in range(30):
             times = rng.uniform(0.05, 0.1, size=4) * np.where(rng.random(4) < 0.3, rng.uniform(1, 4, 4), 1.0)
             steps = rng.uniform(0.05, 0.2, size=(4, int(rng.integers(1, 6)))) if rng.random() < 0.5 else ()
@@ -114,8 +114,8 @@ def test_the_restated_hysteresis_is_the_trainers_decider():
 
 def test_what_the_policy_simulation_does_not_model_is_refused_by_name():
     with pytest.raises(ValueError, match="rule"):
-        simulate.policy_epochs(two_hosts(), 1, rule="median")
+        simulate_policy.policy_epochs(two_hosts(), 1, rule="median")
     with pytest.raises(ValueError, match="policy_epochs"):
-        simulate.policy_epochs(two_hosts(local_steps="fixed"), 1)
+        simulate_policy.policy_epochs(two_hosts(local_steps="fixed"), 1)
     with pytest.raises(ValueError, match="policy_epochs"):
-        simulate.policy_epochs(two_hosts(epoch_steps=0), 1)
+        simulate_policy.policy_epochs(two_hosts(epoch_steps=0), 1)

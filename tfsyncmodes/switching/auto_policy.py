@@ -19,7 +19,7 @@ from typing import Optional
 
 from absl import logging
 
-from tfsyncmodes.exchange import communicators, recipes
+from tfsyncmodes.exchange import communicators, knob_settings, recipes
 from tfsyncmodes.registry import SWITCH_PLANS
 from tfsyncmodes.switching import auto
 from tfsyncmodes.switching.decision import default_group_size
@@ -59,7 +59,7 @@ class AutoSwitch(StragglerSwitch):
             profile = auto.profile_from_rows(rows.tolist(), _grad_bytes(self.model))
             hybrid = recipes.mode_config(self.strategy.config, "hybrid", decides_at_rounds=True)
             self.choice = auto.choose(profile, self.strategy.config.switch_threshold, self.group_size,
-                                      self._host_groups(), period=recipes.period(hybrid),
+                                      self._host_groups(), period=knob_settings.period(hybrid),
                                       local_steps=hybrid.local_steps,
                                       epoch_steps=int((self.params or {}).get("steps") or 0))
         if self._is_chief():
