@@ -26,3 +26,21 @@ def build_optimizer(model) -> None:
         built = getattr(optimizer, "_built", False)
     if not built:
         optimizer.build(model.trainable_variables)
+
+
+def build_metrics(model, dataset) -> None:
+    """Makes the compiled metrics' variables before the first step, from `dataset`'s element
+    spec (Keras 3, symbolically, as its ``fit`` does under a tf.distribute strategy and not
+    under Horovod) or one of its batches (tf_keras). Made inside the first step's trace
+    instead, they make ``tf.function`` trace the step a second time, a step's worth of
+    tracing added to the first step of every fit."""
+    if LEGACY:
+        metrics = getattr(model, "compiled_metrics", None)
+        if metrics is None or getattr(metrics, "_built", True):
+            return
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(next(iter(dataset)))
+        metrics.build(model(x, training=False), y)
+        return
+    metrics = getattr(model, "_compile_metrics", None)
+    if metrics is not None and not metrics.built and hasattr(model, "_symbolic_build"):
+        model._symbolic_build(data_batch=dataset.element_spec)

@@ -20,6 +20,7 @@ from tfsyncmodes import context, faults, registry
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.keras import make_optimizer
+from tfsyncmodes.keras import compat
 from tfsyncmodes.keras.compat import keras
 from tfsyncmodes.keras.resume import ResumeFromBackup
 from tfsyncmodes.paths import usable_directory
@@ -197,6 +198,8 @@ class ModeStrategy:
         ``distribute_datasets_from_function`` as tf.distribute's do. Returns the History.
         """
         dataset = self.distribute_datasets_from_function(dataset_fn, input_options)
+        if isinstance(dataset, tf.data.Dataset):  # a rank's own pipeline (Horovod)
+            compat.build_metrics(model, dataset)
         if verbose is None:
             verbose = self.default_verbose()
         return model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,

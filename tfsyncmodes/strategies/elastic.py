@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from tfsyncmodes.exchange import communicators
 from tfsyncmodes.exchange.base import optimizer_variables
-from tfsyncmodes.keras.compat import build_optimizer, keras
+from tfsyncmodes.keras.compat import build_metrics, build_optimizer, keras
 from tfsyncmodes.strategies.step_deadline import StepDeadline
 
 _LOST = ("horovod", "gloo")  # words in the message of a collective that failed with a peer
@@ -175,6 +175,7 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
     # Built before the state is made: a rank that joins later must list the same variables
     # (slots, exchange state) as the ranks that trained already.
     build_optimizer(model)
+    build_metrics(model, strategy.distribute_datasets_from_function(dataset_fn))  # traced once per world
     rate = model.optimizer.learning_rate
     state = elastic_state(model, epoch=0, batch=0, start_size=hvd.size(), world=hvd.size(),
                           base_lr=float(np.asarray(rate)), logs=[])
