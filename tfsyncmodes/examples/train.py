@@ -174,7 +174,12 @@ def train(argv):
         if FLAGS.compute_ms > 0:
             dataset = emulated_compute.step_waits(dataset, context, strategy.mode == "async",
                                                   FLAGS.batch_size, FLAGS.seed)
-        return dataset
+        # Nothing here for tf.data to tune (a fixed prefetch); with its autotuning on, dropping
+        # the iterator at the end of a fit sometimes waited out the autotuner's period, up to a
+        # minute (docs/fault-tolerance.md).
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return dataset.with_options(options)
 
     with strategy.scope():
         model = build_model(x_train.shape[1])
