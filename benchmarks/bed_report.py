@@ -77,15 +77,25 @@ def switch_lines(runs: list) -> list:
     if not kept:
         return []
     out = ["", "Switches, per run: the epoch of each (1: the first) and the mode it went to, and the seconds "
-           "from its start (a Horovod restart included) to the end of the first step after it.", "",
+           "from its start (a Horovod restart included) to the end of the first step after it (a switch at an "
+           "epoch's end is timed in the next epoch).", "",
            "| straggler | mode | repeat | switches | seconds |", "|---|---|---|---|---|"]
     names = {0.0: "sync", 2.0: "hybrid"}
     for r in kept:
-        # Several switches in an epoch alternate between the two modes, the last to the mode
-        # the epoch ended in.
-        went = [f"{e + 1} to {names[m] if (n - 1 - i) % 2 == 0 else names[2.0 - m]}"
-                for e, (n, m) in enumerate(zip(r["mode_switches"], r["modes"])) for i in range(int(n))]
-        seconds = ", ".join(f"{v:.2f}" for v, n in zip(r.get("switch_seconds") or [], r["mode_switches"]) if n)
+        # Switches alternate between the two modes from the one the run started in: the first
+        # epoch's if it did not switch, else sync (the straggler policy starts there). An
+        # epoch's logged mode does not say (the policy's way back to sync, at an epoch's end,
+        # leaves the epoch logged in the mode it trained in).
+        went, mode = [], r["modes"][0] if not r["mode_switches"][0] else 0.0
+        for e, n in enumerate(r["mode_switches"]):
+            for _ in range(int(n)):
+                mode = 2.0 - mode
+                went.append(f"{e + 1} to {names[mode]}")
+        recorded = r.get("switch_seconds") or []
+        seconds = ", ".join(f"{v:.2f}" for v in recorded if v > 0)
+        last = max((e for e, n in enumerate(r["mode_switches"]) if n), default=None)
+        if recorded and last == len(r["mode_switches"]) - 1 and not recorded[last] > 0:
+            seconds = (seconds + "; " if seconds else "") + "the last: no step after it"
         out.append(f"| {r['straggler']} | {r['mode']} | {r['repeat'] + 1} | {'; '.join(went) or 'none'} | "
                    f"{seconds or 'not recorded'} |")
     return out

@@ -272,12 +272,18 @@ def test_the_switch_table_names_each_switchs_epoch_and_direction_and_its_seconds
              "mode_switches": [0.0, 3.0, 1.0], "switch_seconds": [0.0, 2.25, 0.5]},
             {"straggler": "none", "mode": "policy", "repeat": 1, "modes": [0.0, 0.0],
              "mode_switches": [0.0, 0.0], "switch_seconds": [0.0, 0.0]},
+            # the policy goes back to sync at epoch 2's end (the epoch logs hybrid, the mode it
+            # trained in; the switch is timed in epoch 3), and again at the last epoch's end
+            {"straggler": "heavy", "mode": "policy", "repeat": 2, "modes": [2.0, 2.0, 2.0, 2.0],
+             "mode_switches": [1.0, 1.0, 1.0, 1.0], "switch_seconds": [1.75, 0.0, 2.5, 0.0]},
             {"straggler": "none", "mode": "hybrid", "repeat": 0}]  # not a switching run: no line
     lines = switch_lines(runs)
-    assert lines[-3:] == ["| heavy | policy | 1 | 2 to hybrid | 1.50 |",
+    assert lines[-4:] == ["| heavy | policy | 1 | 2 to hybrid | 1.50 |",
                           "| transient | policy | 3 | 2 to hybrid; 2 to sync; 2 to hybrid; 3 to sync | 2.25, 0.50 |",
-                          "| none | policy | 2 | none | not recorded |"]
-    assert switch_lines(runs[3:]) == []
+                          "| none | policy | 2 | none | not recorded |",
+                          "| heavy | policy | 3 | 1 to hybrid; 2 to sync; 3 to hybrid; 4 to sync | "
+                          "1.75, 2.50; the last: no step after it |"]
+    assert switch_lines(runs[4:]) == []
 
 
 def test_async_puts_the_chief_and_the_ps_on_hosts_of_their_own_and_the_workers_over_the_others():
