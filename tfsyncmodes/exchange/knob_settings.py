@@ -1,6 +1,7 @@
-"""Knobs to a part's settings: each knob of the exchange is read in one function here, and
-:mod:`~tfsyncmodes.exchange.recipes` builds its chains from what they return (a compressor, a
-memory, an outer optimizer, a cross-group policy, or a setting such as the period).
+"""Knobs to a part's settings: each knob that becomes a part or a part's setting is read in one
+function here (a compressor, a memory, an outer optimizer, a cross-group policy, or a setting
+such as the period); :mod:`~tfsyncmodes.exchange.recipes` reads the knobs that choose a chain's
+parts and builds its chains from what these return.
 
 A registered part gets the knob-made settings its constructor declares (:func:`_settings`).
 """
