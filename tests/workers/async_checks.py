@@ -23,6 +23,9 @@ Scenarios (each with a model of its own, in the same cluster):
   step ABORT_AT aborts once its gradient is on the parameter server, before the rest of the
   values its step's writes need leave it (they wait for the abort): the step's writes must
   not have begun.
+* ``lost_writing`` (with ``--sync_exactly_once``): the same fit, but the worker running step
+  ABORT_AT aborts while the parameter server is between that step's update and its mark
+  (async_writing.py): the server must finish the unit, and the re-run skip it.
 """
 import os
 import sys
@@ -107,7 +110,7 @@ def main(outdir, scenarios):
         np.savez(os.path.join(outdir, "early_stopping.npz"), epochs=len(history.history["loss"]),
                  iterations=int(np.asarray(optimizer.iterations)), steps_per_epoch=5)
 
-    for name in ("lost_after_update", "lost_sending"):
+    for name in ("lost_after_update", "lost_sending", "lost_writing"):
         if name in scenarios:
             linear_fit(outdir, strategy, keras, dataset_fn, name)
 
@@ -146,12 +149,13 @@ def abort_after(step_id_to_lose, fired, claims):
     once.AppliedSteps.run = once.AtLeastOnce.run = run
 
 
-def abort_once(step_id_to_lose, fired, claims, message):
-    """An op that aborts this worker if it runs step `step_id_to_lose` and is the first to."""
+def abort_once(step_id_to_lose, fired, claims, message, after=()):
+    """An op that aborts this worker if it runs step `step_id_to_lose` and is the first to
+    (once the ops in `after` have run)."""
     import tensorflow as tf
 
     def abort():
-        with tf.control_dependencies([fired.assign(1)]):
+        with tf.control_dependencies([fired.assign(1), *after]):
             aborted = tf.raw_ops.Abort(error_msg=message)
         # Abort is not stateful: a stateful op after it keeps it when nothing waits for the cond.
         with tf.control_dependencies([aborted]):
@@ -217,6 +221,9 @@ def linear_fit(outdir, strategy, keras, dataset_fn, name):
     exactly_once = strategy.config.exactly_once
     if name == "lost_after_update":
         abort_after(ABORT_AT if exactly_once else 0, fired, claims)
+    elif name == "lost_writing":
+        from tests.workers.async_writing import abort_while_writing
+        abort_while_writing(ABORT_AT, fired, claims)
     else:
         abort_while_sending(ABORT_AT, fired, claims)
     history = strategy.fit(model, lambda context: dataset_fn(context).map(

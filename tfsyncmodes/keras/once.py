@@ -10,11 +10,12 @@ Two parts make it once:
 
 * **One unit of writes** (:meth:`AppliedSteps.on_ps`). Every value the step's writes take from
   the worker (gradients, targets and predictions, the batch's size, the step's id) is gathered
-  on the parameter server by one ``IdentityN`` there, and every write op is placed there and
-  runs after it. A worker lost before the server holds them all leaves nothing written; once
-  it does, the server needs nothing more from the worker, and finishes the writes and the mark
-  on its own unless its call is cancelled first (below; tested: a worker aborted while
-  sending, `tests/test_async_exact.py`).
+  on the parameter server by one ``IdentityN`` there, and the writes and the step's mark run
+  after it as one call op there (a function that is not inlined), every op of it on the server.
+  A worker lost before the server holds the values leaves nothing written; once the call has
+  started, it needs nothing more from the worker and runs to its end (tested: a worker aborted
+  while sending, and while the server is between a step's update and its mark,
+  `tests/test_async_exact.py`).
 * **A mark per step** (:class:`AppliedSteps`): a ring of ``size`` int64 slots on the server,
   step ``i`` marking slot ``i % size`` with ``i + 1`` after every variable it wrote holds its
   update. Every step carries its id as an argument of the scheduled function, so the
@@ -24,21 +25,19 @@ Two parts make it once:
   step at each epoch's end, so at most ``steps_per_epoch`` steps are in flight and a ring of
   that size never overwrites a step that could still be run again.
 
-What is left: a worker lost while the server makes its unit's writes. The server runs the
-unit as part of the worker's call (``RunComponentFunction``), whose handler cancels the call
-when the worker's connection drops; that can stop the unit between two of its writes, and the
-re-run then applies the step again in full. The window is the unit's own duration (a
-millisecond or less here). One chaos run in 87 kills ended with one optimizer step counted
-twice and that step's samples once, which fits a unit cut short (BENCHMARKS.md). Closing it needs a
-unit of writes the caller's loss cannot cut short (one kernel, or a call the worker does not
-own).
+Before (see the CHANGELOG) the writes were made in the worker's replica function under a device
+scope, which tf.distribute's merge calls do not keep (tf_keras' ``apply_gradients`` makes its
+update in one): a worker lost while the server made them could leave its step applied and not
+marked, and the re-run applied it again (one chaos run in 87 kills ended with one optimizer
+step counted twice and its samples once; the test above did so in 5 of 8 runs under tf_keras,
+and does again with the call op placed on the worker).
 
 The unit needs one parameter server: servers do not send to each other (the strategy's device
 filters), so with several the writes stay on their own servers and a worker lost while they
 are in flight can still have its step applied twice; so can a model whose own ``train_step``
-makes its writes without ``strategy.one_unit``. Both are logged once. A re-run that reaches
-the server while the lost worker's unit is still being written (under a millisecond on
-loopback, against the coordinator's seconds to notice a lost worker) is not covered.
+makes its writes without ``strategy.one_unit``. Both are logged once. A re-run whose check
+reaches the server while the lost worker's unit is still running there (the unit's own
+duration, a millisecond or less here) is not covered.
 
 The check wraps ``strategy.run`` in the worker's function (cross-replica context): the
 optimizers' distributed update paths refuse a conditional inside the replica function. What it
@@ -97,7 +96,7 @@ class AppliedSteps:
         self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_skipped")
         self._ids = itertools.count()
         self._warned = False
-        self._tracing = {}  # while a step is traced: its id, and its copy on the server once gated
+        self._tracing = {}  # while a step is traced: its id, what it writes, whether its unit marked it
 
     def next_id(self) -> tf.Tensor:
         """The id the next scheduled step carries (a scalar, so the function is traced once)."""
@@ -106,14 +105,14 @@ class AppliedSteps:
     def on_ps(self, writes: Callable[..., Any], *values):
         """``writes(*values)`` as one unit on the parameter server (in the replica function).
 
-        Every op `writes` makes is placed on the parameter server that holds the ring (ops on a
-        variable stay with it), and none starts before every tensor in `values` has arrived
-        there: a worker lost before that leaves nothing written, and once it holds them the
-        server needs nothing more from the worker to finish the writes and the mark. Pass
-        everything the writes need from the worker's computation in `values`; a tensor they
-        take from elsewhere is fetched later, outside the unit. With several parameter servers
-        (which cannot send to each other) the writes are not gathered on one, and a step's
-        writes are not one unit (:attr:`one_unit` is False)."""
+        The writes, and the step's mark after them, run as one call op on the parameter server
+        that holds the ring, every op of it there, and it starts once every tensor in `values`
+        (and any tensor the writes capture from the worker's computation) has arrived there: a
+        worker lost before that leaves nothing written, and once it holds them the server needs
+        nothing more from the worker to finish the writes and the mark. The writes are traced
+        in the replica context of the call's own graph (the optimizers' merge calls need one).
+        With several parameter servers (which cannot send to each other) the writes are not
+        gathered on one, and a step's writes are not one unit (:attr:`one_unit` is False)."""
         if not self.one_unit:
             return writes(*values)
         flat = tf.nest.flatten(values)
@@ -122,13 +121,43 @@ class AppliedSteps:
         step_id = self._tracing.get("step_id")
         with tf.device(self.ring.device):
             arrived = tf.identity_n([flat[i] for i in tensors] + ([step_id] if step_id is not None else []))
-            for i, value in zip(tensors, arrived):
-                flat[i] = value
-            if step_id is not None:
-                self._tracing["gated_id"] = arrived[-1]
-            # Writes that take none of the values (a counter's increment) wait for them too.
-            with tf.control_dependencies(arrived):
-                return writes(*tf.nest.pack_sequence_as(values, flat))
+        for i, value in zip(tensors, arrived):
+            flat[i] = value
+        held = tf.nest.pack_sequence_as(values, flat)
+        written = self._tracing.get("written")
+
+        def unit(held, gated_id):
+            # In the cross-replica context of the call's own graph: the writes enter its replica
+            # context (where the optimizers' merge calls work) with values made on the server,
+            # which name its device (a reduction's destination).
+            with tf.device(self.ring.device):
+                held = tf.nest.map_structure(lambda t: None if t is None else tf.identity(t), held)
+            outputs = tf.distribute.get_strategy().run(lambda *h: writes(*h), args=tuple(held))
+            if gated_id is None:
+                return outputs
+            marked = self.mark(gated_id, written())  # it reads every variable written
+            with tf.control_dependencies([marked]):
+                return tf.nest.map_structure(lambda t: None if t is None else tf.identity(t), outputs)
+
+        # One call op on the server, every op of its body there: those a merge call makes too
+        # (tf_keras' apply_gradients makes its update in one), which do not keep the caller's
+        # device scope. With the call on the worker, a worker lost mid-unit left its step
+        # applied and not marked under tf_keras, to be applied again by the re-run (the test).
+        # Not inlined, it starts once every argument (captures included) is there.
+        call = tf.function(unit, experimental_attributes={"_noinline": True})
+
+        def on_server(strategy, held, gated_id):
+            del strategy
+            with tf.device(self.ring.device):  # a merge call's ops do not take the caller's device
+                return call(held, gated_id)
+
+        # Writes that take none of the values (a counter's increment) wait for them too.
+        with tf.control_dependencies(arrived):
+            outputs = tf.distribute.get_replica_context().merge_call(
+                on_server, args=(held, arrived[-1] if step_id is not None else None))
+        if step_id is not None:
+            self._tracing["marked"] = True
+        return outputs
 
     @property
     def one_unit(self) -> bool:
@@ -169,21 +198,23 @@ class AppliedSteps:
         computed = tuple(inputs()) if inputs is not None else ()
 
         def apply():
-            self._tracing = {"step_id": step_id}
+            self._tracing = {"step_id": step_id, "written": written}
             outputs = step(*computed)
-            # The mark waits for the writes only (not for the outputs, which may read the
-            # parameter servers again). Gated with the writes (on_ps), it is made from the id
-            # the server holds, so nothing more from the worker is needed to make it.
-            if "gated_id" not in self._tracing and not self._warned:
-                self._warned = True
-                logging.warning(
-                    "exactly_once: a step's writes are not one unit (%s): a worker lost while "
-                    "they are in flight can still have its step applied twice", "several ps tasks"
-                    if not self.one_unit else "the model's own train_step makes them without strategy.one_unit")
-            marked = self.mark(self._tracing.pop("gated_id", step_id), written())
+            marked_in_unit = self._tracing.get("marked", False)
             self._tracing = {}
-            with tf.control_dependencies([marked]):
-                outputs = tf.nest.map_structure(tf.identity, outputs)
+            if not marked_in_unit:
+                # Writes not made through on_ps (several ps, or a model's own train_step
+                # without strategy.one_unit): the mark waits for them only, not for the
+                # outputs, which may read the parameter servers again.
+                if not self._warned:
+                    self._warned = True
+                    logging.warning(
+                        "exactly_once: a step's writes are not one unit (%s): a worker lost while "
+                        "they are in flight can still have its step applied twice", "several ps tasks"
+                        if not self.one_unit else "the model's own train_step makes them without strategy.one_unit")
+                marked = self.mark(step_id, written())
+                with tf.control_dependencies([marked]):
+                    outputs = tf.nest.map_structure(tf.identity, outputs)
             traced["outputs"] = outputs
             return {**outputs, "applied": tf.constant(1, tf.int64)}
 
