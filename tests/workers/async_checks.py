@@ -175,6 +175,19 @@ def tracing_step_id():
     return once.AppliedSteps._traced_step_id
 
 
+def record_traced_step_ids():
+    """Wraps AppliedSteps.run so that tracing_step_id() gives the id of the step being traced."""
+    from tfsyncmodes.keras import once
+
+    run = once.AppliedSteps.run
+
+    def traced_run(self, step_id, *args, **kwargs):
+        once.AppliedSteps._traced_step_id = step_id
+        return run(self, step_id, *args, **kwargs)
+
+    once.AppliedSteps.run = traced_run
+
+
 def abort_while_sending(step_id_to_lose, fired, claims):
     """Wraps AppliedSteps.on_ps (and run, to know which step is traced): the worker of step
     `step_id_to_lose` aborts once its gradients are on the parameter server, the rest of the
@@ -183,11 +196,7 @@ def abort_while_sending(step_id_to_lose, fired, claims):
 
     from tfsyncmodes.keras import once
 
-    run, on_ps = once.AppliedSteps.run, once.AppliedSteps.on_ps
-
-    def traced_run(self, step_id, *args, **kwargs):
-        once.AppliedSteps._traced_step_id = step_id
-        return run(self, step_id, *args, **kwargs)
+    on_ps = once.AppliedSteps.on_ps
 
     def sending(self, writes, grads, *rest):
         first = [g for g in tf.nest.flatten(grads) if g is not None][0]
@@ -199,7 +208,7 @@ def abort_while_sending(step_id_to_lose, fired, claims):
             rest = tf.nest.map_structure(lambda t: None if t is None else tf.identity(t), rest)
         return on_ps(self, writes, grads, *rest)
 
-    once.AppliedSteps.run = traced_run
+    record_traced_step_ids()
     once.AppliedSteps.on_ps = sending
 
 

@@ -26,15 +26,11 @@ def wait(seconds, after):
 def abort_while_writing(step_id_to_lose, fired, claims):
     import tensorflow as tf
 
-    from tests.workers.async_checks import abort_once, tracing_step_id
+    from tests.workers.async_checks import abort_once, record_traced_step_ids, tracing_step_id
     from tfsyncmodes.keras import once
 
-    run, on_ps, mark = once.AppliedSteps.run, once.AppliedSteps.on_ps, once.AppliedSteps.mark
+    on_ps, mark = once.AppliedSteps.on_ps, once.AppliedSteps.mark
     waits = {}  # the second wait of the step traced, for its mark to follow
-
-    def traced_run(self, step_id, *args, **kwargs):
-        once.AppliedSteps._traced_step_id = step_id
-        return run(self, step_id, *args, **kwargs)
 
     def writing(self, writes, *values):
         flat = [tf.cast(tf.reduce_sum(v), tf.float64) for v in tf.nest.flatten(values) if v is not None]
@@ -64,6 +60,6 @@ def abort_while_writing(step_id_to_lose, fired, claims):
             step_id = tf.identity(step_id)
         return mark(self, step_id, written)
 
-    once.AppliedSteps.run = traced_run
+    record_traced_step_ids()
     once.AppliedSteps.on_ps = writing
     once.AppliedSteps.mark = marking
