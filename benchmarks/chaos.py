@@ -83,7 +83,8 @@ def one_run(args, mode, interval, repeat):
     final = result.get("final")
     row = {k: result.get(k) for k in ("mode", "seed", "status", "promised_steps", "counted", "rolled_back",
                                       "goodput", "pace", "train_seconds", "wall_seconds", "startup_seconds",
-                                      "kills", "recoveries", "leftovers")}
+                                      "kills", "recoveries", "leftovers", "serve_seconds",
+                                      "killed_before_serving")}
     if args.warm and mode != "async":
         row["mode"] = f"{mode}, warm joins"
     if args.knobs:
@@ -91,6 +92,9 @@ def one_run(args, mode, interval, repeat):
     # Re-runs the chief found applied and skipped (--sync_exactly_once), from its log.
     row["skipped_reruns"] = sum(int(n) for n in re.findall(
         r"(\d+) step\(s\) (?:of this epoch )?had landed", result.get("output", "")))
+    # TensorFlow's coordinator re-admitting lost workers: an attempt fails while any lost one
+    # does not serve (it logs this line, retries, and the lost workers wait meanwhile).
+    row["failed_readmissions"] = result.get("output", "").count("Cluster update failed with error")
     row.update(interval=interval, repeat=repeat, accuracy=accuracy(final),
                iterations=None if final is None else int(final["iterations"]),
                samples=None if final is None else int(final["samples"]))
@@ -120,6 +124,21 @@ def table(rows):
                      f"{sum(len(r['kills']) for r in group)} | {spread_text([r['goodput'] for r in group])} | "
                      f"{spread_text(recoveries, 1)} | {counted} | {spread_text([r['accuracy'] for r in group], 4)} |")
     return "\n".join(lines)
+
+
+def restart_table(rows):
+    """Async's restarted workers: from start to serving, and the kills that hit a worker not
+    serving yet (TensorFlow's coordinator takes lost workers back only once all of them serve)."""
+    lines = ["| mode | failure every (s) | restarts that served | start to serving (s), median [range] | "
+             "kills of a worker not serving yet | coordinator's failed re-admissions |", "|---|---|---|---|---|---|"]
+    for mode, interval in sorted({(r["mode"], r["interval"]) for r in rows if r.get("serve_seconds") is not None}):
+        group = [r for r in rows if r["mode"] == mode and r["interval"] == interval]
+        serve = [x for r in group for x in r.get("serve_seconds") or []]
+        lines.append(f"| {mode} | {'none' if interval is None else f'{interval:g}'} | {len(serve)} | {spread_text(serve, 1)} | "
+                     f"{sum(r.get('killed_before_serving') or 0 for r in group)} of "
+                     f"{sum(len(r['kills']) for r in group)} | "
+                     f"{spread_text([r.get('failed_readmissions') for r in group], 0)} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def plot(rows, path):
@@ -157,6 +176,7 @@ def main(argv=None):
             with open(path, encoding="utf-8") as handle:
                 rows += json.load(handle)["runs"]
         print(table(rows))
+        print(restart_table(rows))
         plot(rows, args.plot)
         return 0
     rows = []
@@ -169,6 +189,7 @@ def main(argv=None):
                 print(f"{mode} every {interval} s, run {repeat + 1}: goodput {last['goodput']}, "
                       f"{len(last['kills'])} failures, status {last['status']}", file=sys.stderr, flush=True)
     print(table(rows))
+    print(restart_table(rows))
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump({"settings": {k: v for k, v in vars(args).items() if k not in ("out", "plot")},
                    "runs": rows}, handle, indent=1)

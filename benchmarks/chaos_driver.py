@@ -45,11 +45,17 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
             cwd=chaoslib.REPO, env=chaoslib.environment(mode, run_id, commit, collective_timeout, knobs), stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True)
         kills, victims, status = [], [], None
+        seen, served = {}, {}  # async: when the driver first saw each worker process, and saw it serve
         try:
             next_kill = None
             deadline = time.monotonic() + timeout
             while job.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
+                if mode == "async":
+                    for pid in chaoslib.victims(work, mode, _read(log.name)):
+                        seen.setdefault(pid, time.time())
+                        if pid not in served and chaoslib.serving(pid):
+                            served[pid] = time.time()
                 if interval is None or len(kills) >= budget:
                     continue
                 records = chaoslib.read_steps(work, mode)
@@ -60,8 +66,7 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
                 done = max(r[2] for r in records) / promised
                 if time.time() < next_kill or done > 1 - quiet_tail:
                     continue
-                candidates = chaoslib.victims(work, mode, open(log.name, encoding="utf-8",
-                                                               errors="replace").read())
+                candidates = chaoslib.victims(work, mode, _read(log.name))
                 # An elastic world waits for the lost rank to be back, and for a step of the whole
                 # world after it, before losing another. A rank lost while the world re-formed
                 # left a hybrid chaos test's job unfinished once: Horovod's elastic driver logged
@@ -105,6 +110,13 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
         final = os.path.join(work, "final.npz")
         weights = {k: v for k, v in np.load(final).items()} if os.path.exists(final) else None
     result = chaoslib.analyse(records, kills, rollback=mode in chaoslib.ELASTIC)
+    if mode == "async":
+        # A restarted worker's time from its start to serving, and the kills that hit a worker
+        # before it served again (at the driver's 0.2 s polling).
+        first = min(seen.values(), default=started)
+        restarts = [pid for pid in seen if seen[pid] > first + 1]
+        result.update(serve_seconds=[served[pid] - seen[pid] for pid in restarts if pid in served],
+                      killed_before_serving=sum(1 for pid in victims if pid not in served))
     result.update(mode=mode, interval=list(interval) if interval else None, seed=seed, status=status,
                   promised_steps=promised, kills=[k - started for k in kills], kill_times=kills, victims=victims,
                   wall_seconds=ended - started, leftovers=leftovers, output=output, step_log=records,
@@ -112,3 +124,8 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
     if records:
         result["startup_seconds"] = records[0][0] - started
     return result
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.read()

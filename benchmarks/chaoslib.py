@@ -153,6 +153,34 @@ def alive(pid: int) -> bool:
         return False
 
 
+def serving(pid: int) -> bool:
+    """Whether process `pid` listens on a TCP port: an async worker task's server is up (a
+    restarted task is used again only once it serves, and TensorFlow's coordinator takes lost
+    workers back only when every lost one serves: docs/fault-tolerance.md). It looks at the
+    process itself: a task started cold, as the benchmark starts them."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as handle:
+                rows = [line.split() for line in handle.readlines()[1:]]
+        except OSError:
+            continue
+        if any(len(row) > 9 and row[3] == "0A" and row[9] in inodes for row in rows):  # 0A: LISTEN
+            return True
+    return False
+
+
 def left_behind(run_id: str) -> List[int]:
     found = []
     for entry in os.listdir("/proc"):

@@ -69,12 +69,15 @@ def test_goodput_and_recovery_from_a_step_log_with_a_rollback():
 def test_report_only_tables_and_plots_runs_taken_apart(tmp_path, capsys):
     """`--report_only` reads the runs of several JSON files into one table (median and range per
     mode and interval, worked out here by hand) and one plot."""
-    def run(mode, interval, goodput, recoveries):
+    def run(mode, interval, goodput, recoveries, **restarts):
         return {"mode": mode, "interval": interval, "goodput": goodput, "recoveries": recoveries,
-                "kills": recoveries, "counted": 100, "promised_steps": 100, "accuracy": 0.97}
+                "kills": recoveries, "counted": 100, "promised_steps": 100, "accuracy": 0.97, **restarts}
 
     files = []
-    for name, runs in (("a", [run("async", 30, 0.9, [0.1]), run("async", 30, 0.95, [0.3])]),
+    for name, runs in (("a", [run("async", 30, 0.9, [0.1], serve_seconds=[4.0, 9.0], killed_before_serving=1,
+                                  failed_readmissions=7),
+                              run("async", 30, 0.95, [0.3], serve_seconds=[5.0], killed_before_serving=0,
+                                  failed_readmissions=3)]),
                        ("s", [run("sync", 30, 0.5, [6.0, 7.0]), run("sync", 30, 0.4, [5.0]),
                               run("sync", 30, 0.6, [])])):
         path = tmp_path / f"{name}.json"
@@ -84,8 +87,34 @@ def test_report_only_tables_and_plots_runs_taken_apart(tmp_path, capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| a", "| s"))]
     accuracy = "0.9700 [0.9700, 0.9700]"
     assert rows == [f"| async | 30 | 2 | 2 | 0.93 [0.90, 0.95] | 0.2 [0.1, 0.3] | 100 / 100 | {accuracy} |",
-                    f"| sync | 30 | 3 | 3 | 0.50 [0.40, 0.60] | 6.0 [5.0, 7.0] | 100 / 100 | {accuracy} |"]
+                    f"| sync | 30 | 3 | 3 | 0.50 [0.40, 0.60] | 6.0 [5.0, 7.0] | 100 / 100 | {accuracy} |",
+                    # async's restarts: three served (4, 5 and 9 s), one of the two kills hit a worker before;
+                    # the coordinator's failed re-admissions per run: 7 and 3
+                    "| async | 30 | 3 | 5.0 [4.0, 9.0] | 1 of 2 | 5 [3, 7] |"]
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_serving_sees_a_process_listen_on_a_tcp_port():
+    """The driver's sign that a restarted async worker serves again: a real process that
+    listens on a loopback port only once told to."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import socket, sys; sys.stdin.readline(); s = socket.socket(); s.bind(('127.0.0.1', 0)); "
+            "s.listen(); print('up', flush=True); sys.stdin.readline()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        assert not chaoslib.serving(child.pid)
+        child.stdin.write("listen\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "up\n"
+        assert chaoslib.serving(child.pid)
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert not chaoslib.serving(child.pid)
 
 
 def check(result, undisturbed):
