@@ -136,6 +136,8 @@ def test_a_worker_lost_while_sending_its_step_leaves_nothing_of_it_written(tmp_p
 def test_a_worker_lost_while_the_server_writes_its_step_has_it_applied_once(tmp_path, legacy):
     # The worker died while the server was between the step's update and its mark
     # (tests/workers/async_writing.py): the server finished the unit, and the re-run found it.
+    # It passes; with counters added inside the unit it does not (fault-tolerance.md: the
+    # window is open, and this test may not hold it).
     cluster = run_lost(tmp_path, "lost_writing", legacy)
     assert "found them applied and skipped them" in cluster.output
     assert "lost while its step was written" in cluster.output

@@ -148,8 +148,9 @@ KNOBS: Tuple[Knob, ...] = (
          "Async: a lost worker's step is applied once. Its writes (update, metrics, counters) "
          "are made as one unit on the parameter server, which marks the step; the coordinator's "
          "re-run of a marked step is skipped. Needs one ps task, and a model's own train_step "
-         "to make its writes with strategy.one_unit (logged otherwise). Not covered: a re-run "
-         "that checks while the lost worker's unit is still running on the server. "
+         "to make its writes with strategy.one_unit (logged otherwise). Not covered: a worker "
+         "lost while the server makes the step's writes (the server can cancel the rest of "
+         "the unit before its mark). "
          "false: at least once.",
          modes("async")),
     # --- hybrid ---

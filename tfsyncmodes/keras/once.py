@@ -12,10 +12,12 @@ Two parts make it once:
   the worker (gradients, targets and predictions, the batch's size, the step's id) is gathered
   on the parameter server by one ``IdentityN`` there, and the writes and the step's mark run
   after it as one call op there (a function that is not inlined), every op of it on the server.
-  A worker lost before the server holds the values leaves nothing written; once the call has
-  started, it needs nothing more from the worker and runs to its end (tested: a worker aborted
-  while sending, and while the server is between a step's update and its mark,
-  `tests/test_async_exact.py`).
+  A worker lost before the server holds the values leaves nothing written (tested: a worker
+  aborted while sending, `tests/test_async_exact.py`). Once the call has started it needs
+  nothing more from the worker, but the server can still cancel the rest of it when the
+  worker is lost: with counters inside the unit, a lost unit passed its writes and made no
+  mark, and its step was applied twice (docs/fault-tolerance.md). The test of a worker lost
+  between a step's update and its mark passes, but may not hold that window open.
 * **A mark per step** (:class:`AppliedSteps`): a ring of ``size`` int64 slots on the server,
   step ``i`` marking slot ``i % size`` with ``i + 1`` after every variable it wrote holds its
   update. Every step carries its id as an argument of the scheduled function, so the
@@ -35,9 +37,7 @@ and does again with the call op placed on the worker).
 The unit needs one parameter server: servers do not send to each other (the strategy's device
 filters), so with several the writes stay on their own servers and a worker lost while they
 are in flight can still have its step applied twice; so can a model whose own ``train_step``
-makes its writes without ``strategy.one_unit``. Both are logged once. A re-run whose check
-reaches the server while the lost worker's unit is still running there (the unit's own
-duration, a millisecond or less here) is not covered.
+makes its writes without ``strategy.one_unit``. Both are logged once.
 
 The check wraps ``strategy.run`` in the worker's function (cross-replica context): the
 optimizers' distributed update paths refuse a conditional inside the replica function. What it
