@@ -134,7 +134,8 @@ def restart_table(rows):
     for mode, interval in sorted({(r["mode"], r["interval"]) for r in rows if r.get("serve_seconds") is not None}):
         group = [r for r in rows if r["mode"] == mode and r["interval"] == interval]
         serve = [x for r in group for x in r.get("serve_seconds") or []]
-        lines.append(f"| {mode} | {'none' if interval is None else f'{interval:g}'} | {len(serve)} | {spread_text(serve, 1)} | "
+        every = "none" if interval is None else f"{interval:g}"
+        lines.append(f"| {mode} | {every} | {len(serve)} | {spread_text(serve, 1)} | "
                      f"{sum(r.get('killed_before_serving') or 0 for r in group)} of "
                      f"{sum(len(r['kills']) for r in group)} | "
                      f"{spread_text([r.get('failed_readmissions') for r in group], 0)} |")
