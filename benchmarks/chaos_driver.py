@@ -51,8 +51,10 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
             deadline = time.monotonic() + timeout
             while job.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
+                live = None  # async: its workers' live processes, read once an iteration
                 if mode == "async":
-                    for pid in chaoslib.victims(work, mode, _read(log.name)):
+                    live = chaoslib.victims(work, mode, _read(log.name))
+                    for pid in live:
                         seen.setdefault(pid, time.time())
                         if pid not in served and chaoslib.serving(pid):
                             served[pid] = time.time()
@@ -66,7 +68,7 @@ def run(mode: str, *, interval: Optional[Sequence[float]], seed: int = 0, epochs
                 done = max(r[2] for r in records) / promised
                 if time.time() < next_kill or done > 1 - quiet_tail:
                     continue
-                candidates = chaoslib.victims(work, mode, _read(log.name))
+                candidates = live if live is not None else chaoslib.victims(work, mode, _read(log.name))
                 # An elastic world waits for the lost rank to be back, and for a step of the whole
                 # world after it, before losing another. A rank lost while the world re-formed
                 # left a hybrid chaos test's job unfinished once: Horovod's elastic driver logged
