@@ -136,8 +136,27 @@ def test_a_worker_lost_while_sending_its_step_leaves_nothing_of_it_written(tmp_p
 def test_a_worker_lost_while_the_server_writes_its_step_has_it_applied_once(tmp_path, legacy):
     # The worker died while the server was between the step's update and its mark
     # (tests/workers/async_writing.py): the server finished the unit, and the re-run found it.
-    # It passes; with counters added inside the unit it does not (fault-tolerance.md: the
-    # window is open, and this test may not hold it).
+    # It may not hold its window open; the counted test below shows that it is (fault-tolerance.md).
     cluster = run_lost(tmp_path, "lost_writing", legacy)
     assert "found them applied and skipped them" in cluster.output
     assert "lost while its step was written" in cluster.output
+
+
+@pytest.mark.timeout(260)
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
+def test_a_worker_lost_while_the_server_writes_its_step_counted_inside_the_unit(tmp_path, legacy):
+    # lost_writing with counters on the server inside the unit of the step lost, each bump
+    # ordered after the op before it: after its update, after each wait, after its mark. The
+    # lost unit runs to its end (its waits ended and its mark made after them) and the re-run
+    # is skipped: every counter 1, where a cut unit and an applied re-run would count 2 updates.
+    cluster = Cluster(["--workers", "2", "--ps", "1", "--timeout", "200", "--tolerate_worker_loss"],
+                      [PYTHON, CHECKS, str(tmp_path), "lost_writing_counted"],
+                      TFSYNC_STALENESS_AWARE_LR="false", TFSYNC_EXACTLY_ONCE="true",
+                      **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {}))
+    assert cluster.finish(220) == 0, cluster.output[-6000:]
+    saved = np.load(tmp_path / "lost_writing_counted.npz")
+    assert int(saved["fired"]) == 1  # the step's worker was lost
+    assert re.search(r"\[launch\] worker:\d exited with status -6", cluster.output), cluster.output[-6000:]
+    assert saved["counted"].tolist() == [1, 1, 1, 1], saved["counted"]
+    assert int(saved["iterations"]) == int(saved["steps"])
+    assert "found them applied and skipped them" in cluster.output

@@ -26,6 +26,8 @@ Scenarios (each with a model of its own, in the same cluster):
 * ``lost_writing`` (with ``--sync_exactly_once``): the same fit, but the worker running step
   ABORT_AT aborts while the parameter server is between that step's update and its mark
   (async_writing.py): the server must finish the unit, and the re-run skip it.
+* ``lost_writing_counted``: ``lost_writing`` with counters on the server that the lost step's
+  unit bumps after its update, after each wait and after its mark (saved as ``counted``).
 """
 import os
 import sys
@@ -110,7 +112,7 @@ def main(outdir, scenarios):
         np.savez(os.path.join(outdir, "early_stopping.npz"), epochs=len(history.history["loss"]),
                  iterations=int(np.asarray(optimizer.iterations)), steps_per_epoch=5)
 
-    for name in ("lost_after_update", "lost_sending", "lost_writing"):
+    for name in ("lost_after_update", "lost_sending", "lost_writing", "lost_writing_counted"):
         if name in scenarios:
             linear_fit(outdir, strategy, keras, dataset_fn, name)
 
@@ -227,12 +229,13 @@ def linear_fit(outdir, strategy, keras, dataset_fn, name):
                       loss=lambda y_true, y_pred: tf.reduce_mean(y_pred))
         fired = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_fired")
         claims = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_claims")
+        counted = tf.Variable(tf.zeros([4], tf.int64), trainable=False, name="test_counted")
     exactly_once = strategy.config.exactly_once
     if name == "lost_after_update":
         abort_after(ABORT_AT if exactly_once else 0, fired, claims)
-    elif name == "lost_writing":
+    elif name in ("lost_writing", "lost_writing_counted"):
         from tests.workers.async_writing import abort_while_writing
-        abort_while_writing(ABORT_AT, fired, claims)
+        abort_while_writing(ABORT_AT, fired, claims, counted if name == "lost_writing_counted" else None)
     else:
         abort_while_sending(ABORT_AT, fired, claims)
     history = strategy.fit(model, lambda context: dataset_fn(context).map(
@@ -244,7 +247,7 @@ def linear_fit(outdir, strategy, keras, dataset_fn, name):
     np.savez(os.path.join(outdir, name + ".npz"), kernel=np.asarray(model.get_weights()[0]),
              x=data()[0], steps=2 * ONCE_STEPS, lr=ONCE_LR, batch=BATCH, metric_count=count,
              iterations=int(np.asarray(optimizer.iterations)), fired=int(fired.numpy()),
-             exactly_once=exactly_once,
+             exactly_once=exactly_once, counted=np.asarray(counted.read_value()),
              history_loss=np.array(history.history["loss"]))
 
 

@@ -23,7 +23,10 @@ def wait(seconds, after):
                          [start], parallel_iterations=1)
 
 
-def abort_while_writing(step_id_to_lose, fired, claims):
+def abort_while_writing(step_id_to_lose, fired, claims, counted=None):
+    """`counted`: an int64 variable [4] on the server; the unit of the step to lose adds 1 to
+    entry 0 after its update, 1 and 2 after each wait, 3 after its mark (each bump ordered
+    after the op before it): what each unit of that step got through."""
     import tensorflow as tf
 
     from tests.workers.async_checks import abort_once, record_traced_step_ids, tracing_step_id
@@ -46,8 +49,12 @@ def abort_while_writing(step_id_to_lose, fired, claims):
         def slow_writes(*held):
             outputs = writes(*held)
             slowed = tf.cast(tf.equal(tracing_step_id(), step_id_to_lose), tf.float64)
-            first = wait(FIRST_WAIT * slowed, [tf.identity(t) for t in tf.nest.flatten(outputs)])
-            waits["second"] = wait(SECOND_WAIT * slowed, [first])
+            after = [tf.identity(t) for t in tf.nest.flatten(outputs)]
+            if counted is not None:
+                after = [bump(0, slowed, after)]
+            first = wait(FIRST_WAIT * slowed, after)
+            second = wait(SECOND_WAIT * slowed, [first if counted is None else bump(1, slowed, [first])])
+            waits["second"] = second if counted is None else bump(2, slowed, [second])
             return {**outputs, "test_first_wait": first}
 
         outputs = dict(on_ps(self, slow_writes, *values))
@@ -58,7 +65,18 @@ def abort_while_writing(step_id_to_lose, fired, claims):
     def marking(self, step_id, written):
         with tf.control_dependencies([waits.pop("second")]):
             step_id = tf.identity(step_id)
-        return mark(self, step_id, written)
+        marked = mark(self, step_id, written)
+        if counted is None:
+            return marked
+        lost = tf.cast(tf.equal(step_id, step_id_to_lose), tf.float64)
+        with tf.control_dependencies([bump(3, lost, [marked])]):
+            return tf.no_op()
+
+    def bump(entry, slowed, after):
+        """Adds 1 to `counted[entry]` for the step to lose (0 for the others), after `after`."""
+        with tf.control_dependencies(after):
+            return counted.scatter_add(tf.IndexedSlices(
+                tf.reshape(tf.cast(slowed, tf.int64), [1]), tf.constant([entry]))).read_value()
 
     record_traced_step_ids()
     once.AppliedSteps.on_ps = writing

@@ -15,9 +15,9 @@ Two parts make it once:
   A worker lost before the server holds the values leaves nothing written (tested: a worker
   aborted while sending, `tests/test_async_exact.py`). Once the call has started it needs
   nothing more from the worker, but the server can still cancel the rest of it when the
-  worker is lost: with counters inside the unit, a lost unit passed its writes and made no
-  mark, and its step was applied twice (docs/fault-tolerance.md). The test of a worker lost
-  between a step's update and its mark passes, but may not hold that window open.
+  worker is lost: in some instrumented forms of the unit a lost unit passed its writes and
+  made no mark, and its step was applied twice; in others, and as tested with counters, it ran
+  to its end (docs/fault-tolerance.md).
 * **A mark per step** (:class:`AppliedSteps`): a ring of ``size`` int64 slots on the server,
   step ``i`` marking slot ``i % size`` with ``i + 1`` after every variable it wrote holds its
   update. Every step carries its id as an argument of the scheduled function, so the
