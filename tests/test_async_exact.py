@@ -80,15 +80,20 @@ def test_slow_worker_runs_a_smaller_share_of_the_steps(tmp_path):
     assert int(counter["iterations"]) == int(counter["scheduled"])
 
 
-def run_lost(tmp_path, scenario, legacy, exactly_once=True):
-    """Runs the linear-loss fit whose worker of one step dies; checks the update count in NumPy."""
+def finish_lost(tmp_path, scenario, legacy, exactly_once=True):
+    """Runs the linear-loss fit whose worker of one step dies, to its end: (cluster, saved)."""
     # Without staleness-aware scaling every update is lr x the gradient, whichever worker made it.
     env = {"TFSYNC_STALENESS_AWARE_LR": "false", "TFSYNC_EXACTLY_ONCE": str(exactly_once).lower(),
            **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {})}
     cluster = Cluster(["--workers", "2", "--ps", "1", "--timeout", "200", "--tolerate_worker_loss"],
                       [PYTHON, CHECKS, str(tmp_path), scenario], **env)
     assert cluster.finish(220) == 0, cluster.output[-6000:]
-    saved = np.load(tmp_path / f"{scenario}.npz")
+    return cluster, np.load(tmp_path / f"{scenario}.npz")
+
+
+def run_lost(tmp_path, scenario, legacy, exactly_once=True):
+    """Runs the linear-loss fit whose worker of one step dies; checks the update count in NumPy."""
+    cluster, saved = finish_lost(tmp_path, scenario, legacy, exactly_once)
     # The step's worker really died (SIGABRT), and the coordinator ran the step again.
     assert int(saved["fired"]) == 1 and bool(saved["exactly_once"]) == exactly_once
     assert re.search(r"\[launch\] worker:\d exited with status -6", cluster.output), cluster.output[-6000:]
@@ -149,12 +154,7 @@ def test_a_worker_lost_while_the_server_writes_its_step_counted_inside_the_unit(
     # ordered after the op before it: after its update, after each wait, after its mark. The
     # lost unit runs to its end (its waits ended and its mark made after them) and the re-run
     # is skipped: every counter 1, where a cut unit and an applied re-run would count 2 updates.
-    cluster = Cluster(["--workers", "2", "--ps", "1", "--timeout", "200", "--tolerate_worker_loss"],
-                      [PYTHON, CHECKS, str(tmp_path), "lost_writing_counted"],
-                      TFSYNC_STALENESS_AWARE_LR="false", TFSYNC_EXACTLY_ONCE="true",
-                      **({"TF_USE_LEGACY_KERAS": "1"} if legacy else {}))
-    assert cluster.finish(220) == 0, cluster.output[-6000:]
-    saved = np.load(tmp_path / "lost_writing_counted.npz")
+    cluster, saved = finish_lost(tmp_path, "lost_writing_counted", legacy)
     assert int(saved["fired"]) == 1  # the step's worker was lost
     assert re.search(r"\[launch\] worker:\d exited with status -6", cluster.output), cluster.output[-6000:]
     assert saved["counted"].tolist() == [1, 1, 1, 1], saved["counted"]
