@@ -154,6 +154,8 @@ def test_a_worker_lost_while_the_server_writes_its_step_counted_inside_the_unit(
     # ordered after the op before it: after its update, after each wait, after its mark. The
     # lost unit runs to its end (its waits ended and its mark made after them) and the re-run
     # is skipped: every counter 1, where a cut unit and an applied re-run would count 2 updates.
+    # One run's server log shows a loop in the unit's function cancelled as the worker died, so
+    # that reading is not confirmed (fault-tolerance.md, "What the server's log shows").
     cluster, saved = finish_lost(tmp_path, "lost_writing_counted", legacy)
     assert int(saved["fired"]) == 1  # the step's worker was lost
     assert re.search(r"\[launch\] worker:\d exited with status -6", cluster.output), cluster.output[-6000:]
