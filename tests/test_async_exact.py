@@ -88,6 +88,8 @@ def finish_lost(tmp_path, scenario, legacy, exactly_once=True):
     cluster = Cluster(["--workers", "2", "--ps", "1", "--timeout", "200", "--tolerate_worker_loss"],
                       [PYTHON, CHECKS, str(tmp_path), scenario], **env)
     assert cluster.finish(220) == 0, cluster.output[-6000:]
+    # The unit of writes has no loop, where the worker's loss could cut it (once.loops_in).
+    assert "unit of writes has a loop" not in cluster.output, cluster.output[-6000:]
     return cluster, np.load(tmp_path / f"{scenario}.npz")
 
 
@@ -140,25 +142,34 @@ def test_a_worker_lost_while_sending_its_step_leaves_nothing_of_it_written(tmp_p
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
 def test_a_worker_lost_while_the_server_writes_its_step_has_it_applied_once(tmp_path, legacy):
     # The worker died while the server was between the step's update and its mark
-    # (tests/workers/async_writing.py): the server finished the unit, and the re-run found it.
-    # It may not hold its window open; the counted test below shows that it is (fault-tolerance.md).
+    # (tests/workers/async_writing.py; the unit's stretches are matrix products, not loops, which
+    # the worker's loss would stop): the server finished the unit, and the re-run found it.
     cluster = run_lost(tmp_path, "lost_writing", legacy)
     assert "found them applied and skipped them" in cluster.output
     assert "lost while its step was written" in cluster.output
+    assert_held_open(tmp_path, "lost_writing")
+
+
+def assert_held_open(tmp_path, scenario):
+    """The lost unit's last stretch of work ended over a second after its worker aborted (the
+    server's clock and the worker's are this machine's): the window was open when it died."""
+    aborted = float((tmp_path / f"{scenario}.aborted").read_text())
+    ended = float(np.load(tmp_path / f"{scenario}.npz")["ended"])
+    assert ended - aborted > 1.0, (aborted, ended)
 
 
 @pytest.mark.timeout(260)
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
 def test_a_worker_lost_while_the_server_writes_its_step_counted_inside_the_unit(tmp_path, legacy):
     # lost_writing with counters on the server inside the unit of the step lost, each bump
-    # ordered after the op before it: after its update, after each wait, after its mark. The
-    # lost unit runs to its end (its waits ended and its mark made after them) and the re-run
-    # is skipped: every counter 1, where a cut unit and an applied re-run would count 2 updates.
-    # One run's server log shows a loop in the unit's function cancelled as the worker died, so
-    # that reading is not confirmed (fault-tolerance.md, "What the server's log shows").
+    # ordered after the op before it: after its update, after each stretch, after its mark, the
+    # mark after an Identity of the last stretch's end (the shape that busy-wait loops had cut).
+    # The lost unit runs to its end, over a second past its worker's abort, and the re-run is
+    # skipped: every counter 1, where a cut unit and an applied re-run would count 2 updates.
     cluster, saved = finish_lost(tmp_path, "lost_writing_counted", legacy)
     assert int(saved["fired"]) == 1  # the step's worker was lost
     assert re.search(r"\[launch\] worker:\d exited with status -6", cluster.output), cluster.output[-6000:]
+    assert_held_open(tmp_path, "lost_writing_counted")
     assert saved["counted"].tolist() == [1, 1, 1, 1], saved["counted"]
     assert int(saved["iterations"]) == int(saved["steps"])
     assert "found them applied and skipped them" in cluster.output

@@ -148,9 +148,8 @@ KNOBS: Tuple[Knob, ...] = (
          "Async: a lost worker's step is applied once. Its writes (update, metrics, counters) "
          "are made as one unit on the parameter server, which marks the step; the coordinator's "
          "re-run of a marked step is skipped. Needs one ps task, and a model's own train_step "
-         "to make its writes with strategy.one_unit (logged otherwise). Not covered: a worker "
-         "lost while the server makes the step's writes (the server can cancel the rest of "
-         "the unit before its mark). "
+         "to make its writes with strategy.one_unit (logged otherwise), and a unit without "
+         "loops, where a lost worker's step can be cut on the server (logged otherwise). "
          "false: at least once.",
          modes("async")),
     # --- hybrid ---

@@ -151,13 +151,18 @@ def abort_after(step_id_to_lose, fired, claims):
     once.AppliedSteps.run = once.AtLeastOnce.run = run
 
 
-def abort_once(step_id_to_lose, fired, claims, message, after=()):
+def abort_once(step_id_to_lose, fired, claims, message, after=(), note=None):
     """An op that aborts this worker if it runs step `step_id_to_lose` and is the first to
-    (once the ops in `after` have run)."""
+    (once the ops in `after` have run); `note`, when given, is a file the worker writes the
+    time to just before (on its own device: nothing between it and the abort waits on another)."""
     import tensorflow as tf
 
     def abort():
-        with tf.control_dependencies([fired.assign(1), *after]):
+        before = [fired.assign(1), *after]
+        if note is not None:
+            with tf.control_dependencies(before):
+                before = [tf.io.write_file(note, tf.strings.as_string(tf.timestamp(), precision=6))]
+        with tf.control_dependencies(before):
             aborted = tf.raw_ops.Abort(error_msg=message)
         # Abort is not stateful: a stateful op after it keeps it when nothing waits for the cond.
         with tf.control_dependencies([aborted]):
@@ -230,12 +235,14 @@ def linear_fit(outdir, strategy, keras, dataset_fn, name):
         fired = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_fired")
         claims = tf.Variable(0, dtype=tf.int64, trainable=False, name="test_claims")
         counted = tf.Variable(tf.zeros([4], tf.int64), trainable=False, name="test_counted")
+        ended = tf.Variable(tf.zeros([], tf.float64), trainable=False, name="test_ended")
     exactly_once = strategy.config.exactly_once
     if name == "lost_after_update":
         abort_after(ABORT_AT if exactly_once else 0, fired, claims)
     elif name in ("lost_writing", "lost_writing_counted"):
         from tests.workers.async_writing import abort_while_writing
-        abort_while_writing(ABORT_AT, fired, claims, counted if name == "lost_writing_counted" else None)
+        abort_while_writing(ABORT_AT, fired, claims, os.path.join(outdir, name + ".aborted"), ended,
+                            counted if name == "lost_writing_counted" else None)
     else:
         abort_while_sending(ABORT_AT, fired, claims)
     history = strategy.fit(model, lambda context: dataset_fn(context).map(
@@ -248,6 +255,7 @@ def linear_fit(outdir, strategy, keras, dataset_fn, name):
              x=data()[0], steps=2 * ONCE_STEPS, lr=ONCE_LR, batch=BATCH, metric_count=count,
              iterations=int(np.asarray(optimizer.iterations)), fired=int(fired.numpy()),
              exactly_once=exactly_once, counted=np.asarray(counted.read_value()),
+             ended=float(ended.numpy()),
              history_loss=np.array(history.history["loss"]))
 
 

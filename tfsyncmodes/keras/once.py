@@ -14,10 +14,11 @@ Two parts make it once:
   after it as one call op there (a function that is not inlined), every op of it on the server.
   A worker lost before the server holds the values leaves nothing written (tested: a worker
   aborted while sending, `tests/test_async_exact.py`). Once the call has started it needs
-  nothing more from the worker, but the server can still cancel the rest of it when the
-  worker is lost: in some instrumented forms of the unit a lost unit passed its writes and
-  made no mark, and its step was applied twice; in others, and as tested with counters, it ran
-  to its end (docs/fault-tolerance.md).
+  nothing more from the worker and runs to its end: when the worker dies the server aborts
+  what is left of its step, the call included, but TensorFlow acts on that only at a loop's
+  next iteration or before a function call starts, never inside a started op, and the unit
+  has neither (tested: a worker aborted while the server works 2.3 s inside the unit). A
+  traced unit with a loop (:func:`loops_in`) is logged once.
 * **A mark per step** (:class:`AppliedSteps`): a ring of ``size`` int64 slots on the server,
   step ``i`` marking slot ``i % size`` with ``i + 1`` after every variable it wrote holds its
   update. Every step carries its id as an argument of the scheduled function, so the
@@ -46,7 +47,7 @@ costs a step is measured in BENCHMARKS.md ("Async steps applied once").
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Dict, Iterable
+from typing import Any, Callable, Dict, Iterable, List
 
 import tensorflow as tf
 from absl import logging
@@ -63,6 +64,20 @@ def _resources(variable):
     if isinstance(shards, (list, tuple)):
         return list(shards)
     return [tf_variable(variable)]
+
+
+LOOPS = ("While", "StatelessWhile")
+
+
+def loops_in(concrete) -> List[str]:
+    """The names of the loops in a traced function, in the functions it calls too (a
+    conditional's branches). When a worker is lost, the server aborts what is left of its step
+    there; TensorFlow checks for that at each iteration of a loop (and before a function call
+    starts, which a unit's inlined calls and lowered conditionals do not make), while an op that
+    has started runs to its end: a unit without loops, once started, is not cut."""
+    graph_def = concrete.graph.as_graph_def()
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    return sorted({n.name for n in nodes if n.op in LOOPS})
 
 
 class AtLeastOnce:
@@ -95,7 +110,7 @@ class AppliedSteps:
         # Re-runs that found their step applied (atomic on the parameter servers).
         self.skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name=name + "_skipped")
         self._ids = itertools.count()
-        self._warned = False
+        self._warned = self._loops_warned = False
         self._tracing = {}  # while a step is traced: its id, what it writes, whether its unit marked it
 
     def next_id(self) -> tf.Tensor:
@@ -149,7 +164,9 @@ class AppliedSteps:
         def on_server(strategy, held, gated_id):
             del strategy
             with tf.device(self.ring.device):  # a merge call's ops do not take the caller's device
-                return call(held, gated_id)
+                outputs = call(held, gated_id)
+                self._check_loops(call.get_concrete_function(held, gated_id))  # the trace just made
+                return outputs
 
         # Writes that take none of the values (a counter's increment) wait for them too.
         with tf.control_dependencies(arrived):
@@ -158,6 +175,16 @@ class AppliedSteps:
         if step_id is not None:
             self._tracing["marked"] = True
         return outputs
+
+    def _check_loops(self, unit) -> None:
+        """Warns, once, when the traced unit has a loop: where the worker's loss can cut it."""
+        loops = loops_in(unit)
+        if loops and not self._loops_warned:
+            self._loops_warned = True
+            logging.warning(
+                "exactly_once: the step's unit of writes has a loop (%s): when a worker is lost, the "
+                "server stops what is left of its step at a loop's next iteration, so a worker lost "
+                "while its unit runs can have its step applied twice", ", ".join(loops[:3]))
 
     @property
     def one_unit(self) -> bool:
