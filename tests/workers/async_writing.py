@@ -40,7 +40,7 @@ def hold(seconds, after, slowed):
     def busy():
         with tf.control_dependencies(after):  # from a clock's reading: nothing to fold at trace
             x = eye * tf.cast(tf.timestamp() > 0.0, tf.float32)
-        for _ in range(int(seconds * 40)):  # about 30 ms a product here
+        for _ in range(int(seconds * 40)):  # about 40 products a second here
             x = tf.linalg.matmul(x, x)
         with tf.control_dependencies([x]):  # x[0, 0] is 1: used, so the products are made
             return tf.timestamp() + tf.cast(x[0, 0], tf.float64) - 1.0
@@ -54,10 +54,11 @@ def hold(seconds, after, slowed):
 
 def abort_while_writing(step_id_to_lose, fired, claims, note, ended, counted=None):
     """`note`: the file the worker writes the time it aborts to; `ended`: a float64 variable on
-    the server, the time the lost unit's last stretch ended. `counted`: an int64 variable [4] on the server; the unit
-    of the step to lose adds 1 to entry 0 after its update, 1 and 2 after each stretch, 3 after
-    its mark (each bump ordered after the op before it), and its mark follows an Identity of the
-    last stretch's end made after the last bump: what each unit of that step got through."""
+    the server, the time the lost unit's last stretch ended. `counted`: an int64 variable [4] on
+    the server; the unit of the step to lose adds 1 to entry 0 after its update, 1 and 2 after
+    each stretch, 3 after its mark (each bump ordered after the op before it), and its mark
+    follows an Identity of the last stretch's end made after the last bump: what each unit of
+    that step got through."""
     import tensorflow as tf
 
     from tests.workers.async_checks import abort_once, record_traced_step_ids, tracing_step_id

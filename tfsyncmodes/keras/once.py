@@ -17,8 +17,9 @@ Two parts make it once:
   nothing more from the worker and runs to its end: when the worker dies the server aborts
   what is left of its step, the call included, but TensorFlow acts on that only at a loop's
   next iteration or before a function call starts, never inside a started op, and the unit
-  has neither (tested: a worker aborted while the server works 2.3 s inside the unit). A
-  traced unit with a loop (:func:`loops_in`) is logged once.
+  has no loop (its conditionals are lowered to switches and the functions it calls inlined, as
+  TensorFlow does by default; tested: a worker aborted while the server works 2.3 s inside the
+  unit). A traced unit with a loop (:func:`loops_in`) is logged once.
 * **A mark per step** (:class:`AppliedSteps`): a ring of ``size`` int64 slots on the server,
   step ``i`` marking slot ``i % size`` with ``i + 1`` after every variable it wrote holds its
   update. Every step carries its id as an argument of the scheduled function, so the
