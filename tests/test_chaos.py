@@ -124,7 +124,8 @@ def check(result, undisturbed):
     final = result["final"]
     # Every promised step counted once: async with --sync_exactly_once and one ps, elastic sync
     # and hybrid by rolling back to their commit.
-    assert int(final["iterations"]) == result["promised_steps"], (final["iterations"], result["promised_steps"])
+    assert int(final["iterations"]) == result["promised_steps"], (final["iterations"],
+                                                                  result["promised_steps"])
     assert result["promised_steps"] <= result["counted"] <= int(final["iterations"]), result["counted"]
     accuracy = numpy_accuracy(final)
     print(f"{result['mode']}: kills at {[round(k, 1) for k in result['kills']]} s, recoveries "
