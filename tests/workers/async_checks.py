@@ -27,7 +27,8 @@ Scenarios (each with a model of its own, in the same cluster):
   ABORT_AT aborts while the parameter server is between that step's update and its mark
   (async_writing.py): the server must finish the unit, and the re-run skip it.
 * ``lost_writing_counted``: ``lost_writing`` with counters on the server that the lost step's
-  unit bumps after its update, after each wait and after its mark (saved as ``counted``).
+  unit bumps after its update, after each stretch of work and after its mark (saved as
+  ``counted``).
 """
 import os
 import sys

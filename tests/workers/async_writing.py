@@ -65,7 +65,7 @@ def abort_while_writing(step_id_to_lose, fired, claims, note, ended, counted=Non
     from tfsyncmodes.keras import once
 
     on_ps, mark = once.AppliedSteps.on_ps, once.AppliedSteps.mark
-    waits = {}  # the second wait of the step traced, for its mark to follow
+    waits = {}  # the end of the second stretch of the step traced, for its mark to follow
 
     def writing(self, writes, *values):
         flat = [tf.cast(tf.reduce_sum(v), tf.float64) for v in tf.nest.flatten(values) if v is not None]

@@ -179,8 +179,10 @@ class AppliedSteps:
 
     def _check_loops(self, unit) -> None:
         """Warns, once, when the traced unit has a loop: where the worker's loss can cut it."""
+        if self._loops_warned:
+            return
         loops = loops_in(unit)
-        if loops and not self._loops_warned:
+        if loops:
             self._loops_warned = True
             logging.warning(
                 "exactly_once: the step's unit of writes has a loop (%s): when a worker is lost, the "
