@@ -104,11 +104,12 @@ def clip_global(grad, norm):
 
 
 def compressed_sync_training(kernel, bias, x, y, compression, ratio=0.01, clip_sigma=6.0, dgc=False,
-                             momentum=0.9, clip_norm=None, warmup_steps=0, lr=reference.LR):
+                             momentum=0.9, clip_norm=None, warmup_steps=0, lr=reference.LR, masking=True):
     """Sync SGD in float32 with a quantizing (or, with `dgc`, a Top-K) compression: every rank
-    compensates its gradient (error feedback; with `dgc`, momentum correction), compresses it,
-    keeps what it left out; every rank applies the mean of all payloads, decompressed and
-    summed in rank order. Returns [kernel, bias]."""
+    compensates its gradient (error feedback; with `dgc`, momentum correction, the momentum
+    zeroed where sent unless `masking` is off), compresses it, keeps what it left out; every
+    rank applies the mean of all payloads, decompressed and summed in rank order. Returns
+    [kernel, bias]."""
     params = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     replicas, size = x.shape[1], reference._flat(params).size
     residual = [np.zeros(size, np.float32) for _ in range(replicas)]
@@ -132,7 +133,7 @@ def compressed_sync_training(kernel, bias, x, y, compression, ratio=0.01, clip_s
             else:
                 sent, _ = quantized_roundtrip(compensated, compression, step_ratio, clip_sigma)
             residual[r] = (compensated - sent).astype(np.float32)
-            if dgc:
+            if dgc and masking:
                 unsent = np.ones(size, np.float32)
                 unsent[reference.topk_compress(compensated, step_ratio)[1]] = 0.0
                 velocity[r] = velocity[r] * unsent

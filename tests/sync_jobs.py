@@ -23,6 +23,8 @@ JOBS = {
         "topk_int2": dict(steps=4, compression="topk_int2", topk_ratio=0.25),
         "dgc": dict(steps=4, compression="topk", topk_ratio=0.1, dgc=True, dgc_momentum=0.9,
                     dgc_clip_norm=0.5, dgc_warmup_steps=2),
+        "dgc_unmasked": dict(steps=4, compression="topk", topk_ratio=0.1, dgc=True, dgc_momentum=0.9,
+                             dgc_masking=False),
     },
     4: {
         "topk": dict(steps=3, compression="topk", topk_ratio=0.25),

@@ -1,5 +1,6 @@
 """Deep Gradient Compression's corrections against NumPy: momentum correction with momentum
-factor masking (u and v, step by step, with Top-K and with a quantizing Top-K), the exponential
+factor masking and without it (u and v, step by step, with Top-K and with a quantizing Top-K;
+without masking at full density, momentum SGD), the exponential
 sparsity warm-up (the ratio of every step, and the payload's length following it), local
 clipping to clip_norm / sqrt(N), the warning for an inner optimizer with momentum of its own,
 and the knobs that turn them on (and are flagged when they have no effect)."""
@@ -25,13 +26,14 @@ def state(name, shape, dtype):
 
 @pytest.mark.parametrize("name", ["topk", "topk_int2"])
 @pytest.mark.parametrize("implementation", ["native", "ops"])
-def test_momentum_correction_accumulates_and_masks_as_numpy(name, implementation):
+@pytest.mark.parametrize("masking", [True, False])
+def test_momentum_correction_accumulates_and_masks_as_numpy(name, implementation, masking):
     from tfsyncmodes.exchange.dgc import MomentumCorrection
     from tfsyncmodes.registry import COMPRESSORS
 
     size, ratio, m = 3000, 0.02, 0.9
     compressor = COMPRESSORS.get(name)(ratio=ratio, implementation=implementation)
-    memory = MomentumCorrection(momentum=m)
+    memory = MomentumCorrection(momentum=m, masking=masking)
     memory.build(ctx(size), state)
     u = np.zeros(size, np.float32)
     v = np.zeros(size, np.float32)
@@ -48,11 +50,35 @@ def test_momentum_correction_accumulates_and_masks_as_numpy(name, implementation
         sent = (reference.topk_decompress(*reference.topk_compress(v, ratio), size) if name == "topk"
                 else ref.quantized_roundtrip(v, name, ratio)[0])
         v = (v - sent).astype(np.float32)
-        u[indices] = 0.0
+        if masking:
+            u[indices] = 0.0
         np.testing.assert_array_equal(memory.accumulated.numpy(), v)
         np.testing.assert_array_equal(memory.velocity.numpy(), u)
         if name == "topk":  # momentum factor masking: v too is 0 where sent
             assert np.all(v[indices] == 0)
+
+
+def test_without_masking_full_density_is_sgd_with_momentum():
+    """Every entry sent and u kept: the sent update is heavy-ball momentum's, u = m u + g, as a
+    NumPy momentum SGD gives it (with masking it would be the plain gradient)."""
+    from tfsyncmodes.exchange.dgc import MomentumCorrection
+    from tfsyncmodes.registry import COMPRESSORS
+
+    size, m = 500, 0.9
+    compressor = COMPRESSORS.get("topk")(ratio=1.0)
+    rng = np.random.default_rng(3)
+    grads = rng.standard_normal((5, size)).astype(np.float32)
+    for masking in (False, True):
+        memory = MomentumCorrection(momentum=m, masking=masking)
+        memory.build(ctx(size), state)
+        momentum = np.zeros(size, np.float32)
+        for g in grads:
+            compensated = memory.compensate(tf.constant(g), ctx(size))
+            payload = compressor.compress(compensated, ctx(size))
+            memory.update(compensated, payload, compressor, ctx(size))
+            momentum = (np.float32(m) * momentum + g).astype(np.float32)
+            sent = compressor.decompress(payload, ctx(size)).numpy()
+            np.testing.assert_allclose(sent, momentum if not masking else g, rtol=1e-6, atol=1e-6)
 
 
 def test_sparsity_warmup_follows_the_exponential_schedule():
@@ -113,16 +139,19 @@ def test_dgc_knobs_turn_the_parts_on_and_are_flagged_without_top_k():
 
     on = tfsyncmodes.resolve({"mode": "sync", "compression": "topk_int2", "dgc": True, "dgc_clip_norm": 2.0,
                               "dgc_warmup_steps": 40}, environ={}, use_flags=False)
-    assert knob_settings.dgc_on(on) and knob_settings.dgc_momentum(on) == 0.9
+    assert knob_settings.dgc_on(on) and knob_settings.dgc_momentum(on) == 0.9 and knob_settings.dgc_masking(on)
+    unmasked = tfsyncmodes.resolve({"mode": "sync", "compression": "topk", "dgc": True, "dgc_masking": False},
+                                   environ={}, use_flags=False)
+    assert not knob_settings.dgc_masking(unmasked)
     assert knob_settings.dgc_clip(on, 4).clip_norm == pytest.approx(1.0)
     assert knob_settings.sparsity_warmup(on).steps == 40
     chosen = knob_settings.compressor(on, knob_settings.sparsity_warmup(on))
     assert chosen.bits == 2 and chosen.warmup is not None and chosen.values.clip_sigma == 6.0
-    for key in ("dgc_momentum", "dgc_clip_norm", "dgc_warmup_steps", "topk_ratio", "quantize_sigma"):
+    for key in ("dgc_momentum", "dgc_masking", "dgc_clip_norm", "dgc_warmup_steps", "topk_ratio", "quantize_sigma"):
         assert knobs.in_force(knobs.KNOBS_BY_KEY[key], on.as_dict() if hasattr(on, "as_dict") else vars(on)), key
     assert not knobs.in_force(knobs.KNOBS_BY_KEY["error_feedback"], vars(on))  # DGC's memory replaces it
     dense = tfsyncmodes.resolve({"mode": "sync", "compression": "int8", "dgc": True}, environ={}, use_flags=False)
     assert not knob_settings.dgc_on(dense)
-    for key in ("dgc", "dgc_momentum", "topk_ratio"):
+    for key in ("dgc", "dgc_momentum", "dgc_masking", "topk_ratio"):
         assert not knobs.in_force(knobs.KNOBS_BY_KEY[key], vars(dense)), key
     assert knobs.in_force(knobs.KNOBS_BY_KEY["quantize_sigma"], vars(dense))

@@ -56,3 +56,21 @@ def test_dgc_sync_steps_equal_numpy(tmp_path_factory):
     # The History holds the epoch's mean of the steps' bytes: 2 steps of k = 5, 2 of k = 2.
     warm, final = int(np.ceil(0.25 * SIZE)), int(np.ceil(ratio * SIZE))
     assert float(workers[0]["bytes_sent"]) == 8 * (warm + final) / 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(330)
+@sync_jobs.SHARED
+def test_dgc_without_masking_sync_steps_equal_numpy(tmp_path_factory):
+    """``dgc_masking=False``: the momentum u is kept where v was sent (the replay's masking off)."""
+    ratio = 0.1
+    assert sync_jobs.JOBS[2]["dgc_unmasked"] == dict(steps=STEPS, compression="topk", topk_ratio=ratio, dgc=True,
+                                                     dgc_momentum=0.9, dgc_masking=False)
+    workers = run_sync(tmp_path_factory, "dgc_unmasked")
+    x, y = reference.linear_data(STEPS, 2)
+    kernel, bias = ref.compressed_sync_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, "topk", ratio,
+                                                dgc=True, momentum=0.9, masking=False)
+    check_weights(workers[0], kernel, bias)
+    masked, _ = ref.compressed_sync_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, "topk", ratio,
+                                             dgc=True, momentum=0.9)
+    assert np.abs(workers[0]["kernel"] - masked).max() > 1e-6  # the knob changed the update

@@ -193,6 +193,10 @@ KNOBS: Tuple[Knob, ...] = (
               ("compression",))),
     Knob("dgc_momentum", 0.9, Number(float, 0.0, 0.999),
          "DGC's momentum m of u = m * u + g.", _DGC),
+    Knob("dgc_masking", True, Boolean(),
+         "DGC's momentum factor masking: zero u where v was sent (false: u keeps its momentum, so "
+         "that at full density the update is SGD with momentum m, where masking makes it SGD "
+         "without).", _DGC),
     Knob("dgc_clip_norm", "off", Number(float, 0.0, 1e9, above=True, **_OFF),
          "DGC's local clipping: each rank clips its gradient to this global norm / sqrt(ranks) "
          "before accumulating it (off: no clipping).", _DGC),

@@ -32,12 +32,14 @@ log = logging.getLogger(__name__)
 
 @MEMORIES.register("dgc")
 class MomentumCorrection(Memory):
-    """`momentum`: m of ``u = m * u + g`` (DGC's 0.9)."""
+    """`momentum`: m of ``u = m * u + g`` (DGC's 0.9); `masking`: zero ``u`` where ``v`` was
+    sent (DGC's momentum factor masking; off, ``u`` keeps its momentum)."""
 
-    def __init__(self, momentum: float = 0.9):
+    def __init__(self, momentum: float = 0.9, masking: bool = True):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum {momentum}: use a value in [0, 1)")
         self.momentum = float(momentum)
+        self.masking = bool(masking)
         self.velocity = self.accumulated = None
         self._velocity_now = None
 
@@ -62,9 +64,10 @@ class MomentumCorrection(Memory):
 
     def update(self, compensated, payload, compressor, ctx):
         sent = compressor.decompress(payload, ctx)
-        unsent = 1.0 - compressor.sent_mask(payload, ctx)
-        return tf.group(self.accumulated.assign(compensated - sent),
-                        self.velocity.assign(self._velocity_now * unsent))
+        velocity = self._velocity_now
+        if self.masking:
+            velocity = velocity * (1.0 - compressor.sent_mask(payload, ctx))
+        return tf.group(self.accumulated.assign(compensated - sent), self.velocity.assign(velocity))
 
 
 def local_clip(clip_norm: float, ranks: int) -> ClipByGlobalNorm:

@@ -56,6 +56,10 @@ def dgc_momentum(config) -> float:  # --sync_dgc_momentum: the momentum correcti
     return config.dgc_momentum
 
 
+def dgc_masking(config) -> bool:  # --sync_dgc_masking: momentum factor masking
+    return bool(config.dgc_masking)
+
+
 def dgc_clip(config, ranks: int) -> Optional[Part]:
     """``--sync_dgc_clip_norm``: each of `ranks` clips to it / sqrt(ranks) (None: off)."""
     return None if config.dgc_clip_norm == "off" else local_clip(config.dgc_clip_norm, ranks)
