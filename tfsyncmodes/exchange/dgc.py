@@ -2,7 +2,9 @@
 
 - momentum correction with momentum factor masking (:class:`MomentumCorrection`, the memory
   registered as ``dgc``): each rank accumulates the momentum-corrected update, ``u = m * u + g``,
-  ``v = v + u``, sends the Top-K of ``v``, and zeroes ``u`` and ``v`` at the entries it sent;
+  ``v = v + u``, sends the Top-K of ``v``, and zeroes ``u`` and ``v`` at the entries it sent
+  (``masking=False``, ``--sync_dgc_masking=false``: only ``v``; at full density the update is
+  then SGD with momentum m, where masking makes it SGD without);
 - local gradient clipping (:func:`local_clip`): each rank clips its gradient to the global norm
   ``clip_norm / sqrt(N)`` before it is accumulated, N the number of ranks;
 - the sparsity warm-up (:class:`~tfsyncmodes.exchange.warmup.SparsityWarmup`).

@@ -35,8 +35,8 @@ from tfsyncmodes.exchange.compressors import NoCompression
 from tfsyncmodes.exchange.dgc import MomentumCorrection
 from tfsyncmodes.exchange.groups import knob_field
 from tfsyncmodes.exchange.hybrid import cross_group_link, hybrid_chain
-from tfsyncmodes.exchange.knob_settings import (compressor, cross_group_policy, dgc_clip, dgc_masking, dgc_momentum, dgc_on,
-                                               discounts_late_updates, memory, period, sparsity_warmup,
+from tfsyncmodes.exchange.knob_settings import (compressor, cross_group_policy, dgc_clip, dgc_masking, dgc_momentum,
+                                               dgc_on, discounts_late_updates, memory, period, sparsity_warmup,
                                                stale_bound)
 from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
 from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
