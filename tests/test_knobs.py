@@ -92,7 +92,7 @@ def test_optimizers_saved_before_the_words_load(tmp_path):
     ({"mode": "hybrid", "cross_group": "elastic"}, {"period", "elastic_alpha"}, {"staleness", "local_steps"}),
     ({"mode": "hybrid", "outer_optimizer": "nesterov"}, {"outer_momentum"}, set()),
     ({"mode": "hybrid", "groups": "0,1;2,3"}, {"groups"}, {"group_size"}),
-    ({"mode": "async"}, {"clip_norm", "max_staleness", "staleness_aware_lr", "ps_shards", "exactly_once"},
+    ({"mode": "async"}, {"clip_norm", "max_staleness", "staleness_aware_lr", "ps_shards", "exactly_once", "steps_ahead"},
      {"min_shard_bytes", "compression", "backend", "period"}),
     ({"mode": "async", "ps_shards": 2}, {"min_shard_bytes"}, set()),
     ({"mode": "sync", "switch_policy": "straggler"}, {"switch_threshold", "switch_interval", "group_size", "period"},

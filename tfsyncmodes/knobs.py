@@ -152,6 +152,12 @@ KNOBS: Tuple[Knob, ...] = (
          "loops, where a lost worker's step can be cut on the server (logged otherwise). "
          "false: at least once.",
          modes("async")),
+    Knob("steps_ahead", 0, Number(int, 0, 1 << 20),
+         "Async (Keras 3): steps of the next epoch scheduled before an epoch's end callbacks "
+         "run, so the workers train while the chief checkpoints and evaluates; those callbacks "
+         "may see up to this many of the next epoch's updates, and what a callback sets at the "
+         "next epoch's start applies after them (0: none, as Keras' fit).",
+         modes("async")),
     # --- hybrid ---
     Knob("group_size", "host", Number(int, 1, 1 << 20, words=("host",), old={0: "host"}),
          "Ranks 0..S-1 form group 0, S..2S-1 group 1, ... (host: one group per host).",

@@ -28,6 +28,8 @@ def _to_float(value) -> float:
 class StepRunner:
     """How one training step runs. ``prepare`` is called once, ``step`` once per step."""
 
+    steps_ahead = 0  # steps of the next epoch it schedules before an epoch's end callbacks
+
     def prepare(self, model, steps_per_epoch: int) -> None:
         raise NotImplementedError
 
@@ -38,6 +40,10 @@ class StepRunner:
     def epoch_logs(self, last_step_logs: Dict[str, object]) -> Dict[str, float]:
         """Logs for the epoch; Keras metrics accumulate over the epoch, so the last step's."""
         return {key: _to_float(value) for key, value in last_step_logs.items()}
+
+    def finish(self) -> int:
+        """Waits for the steps scheduled ahead of an epoch that will not run; returns how many."""
+        return 0
 
 
 def sample_batch(dataset_fn: Callable, num_replicas: int):
@@ -130,12 +136,17 @@ class CoordinatorRunner(StepRunner):
     worker reported it, and ``steps`` counts the steps. With ``--sync_exactly_once`` a
     step the coordinator runs again after its writes landed is skipped
     (:class:`~tfsyncmodes.keras.once.AppliedSteps`).
+
+    With ``--sync_steps_ahead=K`` the loop schedules the next epoch's first K steps once an
+    epoch's steps are done and its metrics read, before its end callbacks run: the workers
+    train while the chief checkpoints and evaluates, where they would otherwise wait.
     """
 
     def __init__(self, strategy, dataset_fn: Callable, input_options=None):
         self.strategy = strategy
         self.dataset_fn = dataset_fn
         self.input_options = input_options
+        self.steps_ahead = strategy.config.steps_ahead
 
     def prepare(self, model, steps_per_epoch: int) -> None:
         tf_strategy = self.strategy.tf_strategy
@@ -180,6 +191,11 @@ class CoordinatorRunner(StepRunner):
             step_id, lambda *computed: tf_strategy.run(writes, args=computed),
             written=lambda: [*model.variables, *model.optimizer.variables, *model.metrics_variables],
             inputs=lambda: tf_strategy.run(lambda d: async_gradients(model, d), args=(data,)))
+
+    def finish(self):
+        self.strategy.join()
+        ran, self._pending, self._count_at_epoch_start = len(self._pending), [], None
+        return ran
 
     def epoch_logs(self, last_step_logs):
         self.strategy.join()
@@ -232,19 +248,31 @@ def fit_loop(model, runner: StepRunner, *, epochs: int, steps_per_epoch: Optiona
     # BackupAndRestore sets this when it restores an interrupted run, as Keras' fit honours.
     initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
     epoch_logs: Dict[str, float] = {}
+    ahead = 0  # steps of this epoch scheduled before the last epoch's end callbacks
     for epoch in range(initial_epoch, epochs):
-        model.reset_metrics()
+        if not ahead:
+            model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
         logs = {}
         for step in range(steps_per_epoch):
             callback_list.on_train_batch_begin(step)
-            logs = runner.step()
+            logs = runner.step() if step >= ahead else {}
             callback_list.on_train_batch_end(step, logs)
             if model.stop_training:
                 break
         epoch_logs = runner.epoch_logs(logs)
+        ahead = 0
+        if epoch + 1 < epochs and not model.stop_training and runner.steps_ahead:
+            # The epoch's metrics are read: the next epoch's first steps run during its end.
+            ahead = min(runner.steps_ahead, steps_per_epoch)
+            model.reset_metrics()
+            for _ in range(ahead):
+                runner.step()
         callback_list.on_epoch_end(epoch, epoch_logs)
         if model.stop_training:
+            if ahead:
+                logging.warning("training stopped at epoch %d's end; the %d step(s) of the next epoch "
+                             "scheduled ahead of it (steps_ahead) ran", epoch + 1, runner.finish())
             break
     callback_list.on_train_end(logs=epoch_logs)
     return model.history

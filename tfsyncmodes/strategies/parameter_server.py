@@ -245,6 +245,10 @@ class AsyncStrategy(ModeStrategy):
             # tf_keras is an optional dependency: its loop is imported only when it is in use.
             from tfsyncmodes.keras.legacy_async import fit_legacy
 
+            if self.config.steps_ahead:
+                logging.warning("steps_ahead=%d is not applied under tf_keras: its model.fit "
+                                "waits for every step at an epoch's end", self.config.steps_ahead)
+
             return fit_legacy(self, model, dataset_fn, epochs=epochs, steps_per_epoch=steps_per_epoch,
                               callbacks=callbacks, verbose=verbose, input_options=input_options)
         try:
