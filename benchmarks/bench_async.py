@@ -46,7 +46,7 @@ def chief(out_path: str) -> None:
 
     import tfsyncmodes
     from tfsyncmodes.keras.compat import keras
-    from tfsyncmodes.keras.loop import async_train_step
+    from tfsyncmodes.keras.async_runner import async_train_step
 
     strategy = tfsyncmodes.make_strategy("async")
     rng = np.random.default_rng(0)

@@ -45,7 +45,7 @@ def chief(out_path: str) -> None:
     import tensorflow as tf
 
     from tfsyncmodes.keras.compat import keras
-    from tfsyncmodes.keras.loop import CoordinatorRunner
+    from tfsyncmodes.keras.async_runner import CoordinatorRunner
     from tfsyncmodes.keras.once import AppliedSteps, AtLeastOnce
 
     strategy = tfsyncmodes.make_strategy("async")

@@ -1,5 +1,6 @@
-"""``--sync_steps_ahead``: Keras 3's async loop schedules the next epoch's first steps before an
-epoch's end callbacks run, so the workers train while the chief checkpoints and evaluates.
+"""``--sync_steps_ahead``: Keras 3's async loop schedules the next epoch's first steps before it
+waits for an epoch's last steps, so the workers done go on while those end and while the chief
+checkpoints and evaluates.
 On a real 2-worker gRPC cluster (tests/workers/async_steps_ahead.py): the steps and examples
 each epoch counts, what the callbacks saw, the final kernel against NumPy, and a run a
 callback stops, with the option off (as Keras' fit) and on."""
@@ -51,11 +52,14 @@ def test_steps_ahead_run_during_the_epoch_end_and_count_in_the_next_epoch(tmp_pa
     for number, epoch in enumerate(full["epochs"]):
         done = (number + 1) * STEPS
         last = number == EPOCHS - 1
-        # While the callback paused, the next epoch's first AHEAD steps ran (none after the last).
+        # By the callback's end the next epoch's first AHEAD steps had run (none after the last).
         assert done <= epoch["at_entry"] <= epoch["after_pause"], full["epochs"]
         assert epoch["after_pause"] == done + (0 if last else AHEAD), full["epochs"]
         # Each epoch still counts its own steps and examples: those run ahead in the next.
         assert epoch["seen"] == STEPS * BATCH and epoch["steps"] == STEPS, epoch
+        # The callbacks began once the epoch's own steps were done, not the steps ahead: worker
+        # 1 (slow) ran one of those, worker 0 fewer than AHEAD in its time.
+        assert last or epoch["at_entry"] < done + AHEAD, full["epochs"]
     assert full["history_epochs"] == list(range(EPOCHS))
     assert full["returned"] == full["later"] == EPOCHS * STEPS
     np.testing.assert_allclose(full["kernel"], numpy_kernel(EPOCHS * STEPS), rtol=0, atol=1e-5)

@@ -153,10 +153,11 @@ KNOBS: Tuple[Knob, ...] = (
          "false: at least once.",
          modes("async")),
     Knob("steps_ahead", 0, Number(int, 0, 1 << 20),
-         "Async (Keras 3): steps of the next epoch scheduled before an epoch's end callbacks "
-         "run, so the workers train while the chief checkpoints and evaluates; those callbacks "
-         "may see up to this many of the next epoch's updates, and what a callback sets at the "
-         "next epoch's start applies after them (0: none, as Keras' fit).",
+         "Async (Keras 3): steps of the next epoch scheduled before the loop waits for an "
+         "epoch's last steps, so the workers done go on while those end and the chief's end "
+         "callbacks run; each epoch's metrics stay its own, but the callbacks may see up to "
+         "this many of the next epoch's updates, and what a callback sets at the next epoch's "
+         "start applies after them (0: none, as Keras' fit).",
          modes("async")),
     # --- hybrid ---
     Knob("group_size", "host", Number(int, 1, 1 << 20, words=("host",), old={0: "host"}),

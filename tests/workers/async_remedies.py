@@ -192,7 +192,8 @@ def fit(strategy, outdir):
                                callbacks=[AtEpochEnd()], verbose=0)
         counts = np.diff(np.stack([np.zeros(HIST, np.int64)] + per_epoch), axis=0)
     else:
-        from tfsyncmodes.keras.loop import CoordinatorRunner, fit_loop
+        from tfsyncmodes.keras.async_runner import CoordinatorRunner
+        from tfsyncmodes.keras.loop import fit_loop
 
         class Recording(CoordinatorRunner):
             """The loop's own runner; keeps every step's fetched staleness."""

@@ -5,10 +5,11 @@ loop, saved as JSON.
 
 A model whose loss is linear in its kernel (every step's gradient is the batch's mean features,
 whichever weights it read, so the final kernel says how many updates landed) trains EPOCHS x
-STEPS steps of plain SGD with ``steps_ahead=AHEAD``. At each epoch's end a callback reads
+STEPS steps of plain SGD with ``steps_ahead=AHEAD``, worker 1's steps much slower than worker
+0's (STEP_SLEEPS). At each epoch's end a callback reads
 ``optimizer.iterations``, waits PAUSE seconds (a chief that checkpoints and evaluates), reads it
 again, and keeps the epoch's logs, among them a metric that counts the examples its epoch
-saw. With AHEAD > 0 a second fit, whose steps take STOPPED_STEP_SLEEP each, stops at its first
+saw. With AHEAD > 0 a second fit, whose steps take STOPPED_STEP_SLEEPS each, stops at its first
 epoch's end (``model.stop_training``, no pause), while the steps run ahead are still running.
 """
 import json
@@ -18,8 +19,10 @@ import time
 
 import numpy as np
 
-FEATURES, BATCH, STEPS, EPOCHS, LR, PAUSE, STEP_SLEEP = 8, 16, 12, 3, 0.01, 1.5, 0.03
-STOPPED_STEP_SLEEP = 0.4  # the stopped fit's steps: still running when its callback stops it
+FEATURES, BATCH, STEPS, EPOCHS, LR, PAUSE = 8, 16, 12, 3, 0.01, 1.5
+STEP_SLEEPS = (0.2, 1.0)  # seconds a batch takes on worker 0 and on worker 1: worker 0 runs
+# fewer than 6 steps while worker 1 runs one, so worker 1 takes one of 6 steps ahead
+STOPPED_STEP_SLEEPS = (0.4, 0.4)  # the stopped fit's: still running when its callback stops it
 
 
 def data():
@@ -37,15 +40,20 @@ def main(outdir, ahead):
     strategy = tfsyncmodes.make_strategy("async", steps_ahead=ahead, staleness_aware_lr=False)
     x = data()
 
-    def dataset_fn(context, sleep=STEP_SLEEP):
+    def dataset_fn(context, sleeps):
         del context
+        try:  # traced for a worker (a tensor); the chief's own sample batch waits none
+            sleep = tf.gather(tf.constant(sleeps, tf.float64),
+                              tf.distribute.coordinator.experimental_get_current_worker_index())
+        except RuntimeError:
+            sleep = tf.constant(0.0, tf.float64)
 
-        def slow(features):  # every batch takes a while, so steps ahead are still running later
-            time.sleep(sleep)
+        def slow(features, seconds):  # every batch takes a while, so steps ahead still run later
+            time.sleep(float(seconds))
             return features
 
         def delayed(features, labels):
-            features = tf.numpy_function(slow, [features], tf.float32, stateful=True)
+            features = tf.numpy_function(slow, [features, sleep], tf.float32, stateful=True)
             return tf.ensure_shape(features, (BATCH, FEATURES)), labels
 
         batch = tf.data.Dataset.from_tensors((x, np.zeros((BATCH, 1), "float32"))).repeat()
@@ -85,8 +93,8 @@ def main(outdir, ahead):
             model.compile(optimizer=tfsyncmodes.wrap(keras.optimizers.SGD(LR), "async"), jit_compile=False,
                           metrics=[Seen()], loss=lambda y_true, y_pred: tf.reduce_mean(y_pred))
         record = Record(stop_at_first)
-        sleep = STOPPED_STEP_SLEEP if stop_at_first else STEP_SLEEP
-        history = strategy.fit(model, lambda context: dataset_fn(context, sleep), epochs=epochs,
+        sleeps = STOPPED_STEP_SLEEPS if stop_at_first else STEP_SLEEPS
+        history = strategy.fit(model, lambda context: dataset_fn(context, sleeps), epochs=epochs,
                                steps_per_epoch=STEPS, verbose=0, callbacks=[record])
         returned = int(np.asarray(model.optimizer.iterations))  # read as fit returns
         time.sleep(1.0)

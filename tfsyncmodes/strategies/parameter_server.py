@@ -21,7 +21,8 @@ from tfsyncmodes.cluster import TFConfig
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError, JobFailure
 from tfsyncmodes.keras import compat
-from tfsyncmodes.keras.loop import CoordinatorRunner, fit_loop
+from tfsyncmodes.keras.async_runner import CoordinatorRunner
+from tfsyncmodes.keras.loop import fit_loop
 from tfsyncmodes.faults import refuse_window, slow_worker_factor, throttle_self
 from tfsyncmodes.registry import MODES
 from tfsyncmodes.strategies import devices
