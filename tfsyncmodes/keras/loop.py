@@ -25,7 +25,7 @@ def to_float(value) -> float:
 class StepRunner:
     """How one training step runs. ``prepare`` is called once, ``step`` once per step."""
 
-    steps_ahead = 0  # steps of the next epoch it schedules before an epoch's end callbacks
+    steps_ahead = 0  # steps of the next epoch it schedules before it waits for an epoch's last
 
     def prepare(self, model, steps_per_epoch: int) -> None:
         raise NotImplementedError
