@@ -142,6 +142,11 @@ def async_across(bed: dict) -> bool:
     return str(bed.get("async_on", "")).startswith("namespaces")
 
 
+def ps_link_factor(bed: dict) -> float:
+    """The ps hosts' link over the workers' (``--ps_link``; 1 in files without it)."""
+    return cal.LINK_CLASSES[bed.get("ps_link") or bed["link"]] / cal.LINK_CLASSES[bed["link"]]
+
+
 def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
         settings: Settings = DEFAULT, hybrid_s: float = 0.0, efficiency: float = 1.0) -> costs.Job:
     """The costs.Job of `mode` under `condition` (transient: its slow phase) as the bed ran it;
@@ -158,6 +163,7 @@ def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
                      period=hybrid["period"].default_for("hybrid"), epoch_steps=cal.TRAIN_SAMPLES // settings.batch_size,
                      local_steps=hybrid["local_steps"].default_for("hybrid"), hybrid_overhead_ms=hybrid_s * 1e3,
                      hybrid_slices=bed.get("hybrid_exchange") == "slices", ps=int(bed.get("ps", 1)),
+                     ps_gbit=0.0 if on_loopback else link * ps_link_factor(bed),
                      plan_rule=bed.get("plan_rule", "nearest"))
 
 

@@ -45,6 +45,17 @@ def test_async_is_bound_by_what_the_servers_links_carry_each_way():
         assert got == pytest.approx(ps * 1e9 / (B * 8) * BATCH, rel=1e-12)
 
 
+def test_a_servers_faster_link_lifts_the_cap_and_not_a_workers_pace():
+    """A server on a link ten times the workers' (``ps_gbit``) carries ten times the updates;
+    the 8 workers at 1 Gbit/s then run at their own pace, their pulls and pushes at 1 Gbit/s."""
+    own = 8 / (T + 2 * B * 8 / 1e9 + 2 * ALPHA)
+    assert 1e9 / (B * 8) < own < 10e9 / (B * 8)
+    assert costs.predict(job(link_gbit=1.0, ps_gbit=10.0))["async"] == pytest.approx(own * BATCH, rel=1e-12)
+    assert costs.predict(job(link_gbit=1.0, ps_gbit=1.0))["async"] == pytest.approx(1e9 / (B * 8) * BATCH, rel=1e-12)
+    with pytest.raises(ValueError, match="ps_gbit"):
+        job(ps_gbit=-1.0)
+
+
 def test_a_workers_pull_and_push_pass_its_own_link_whole_however_many_servers():
     """More servers lift the servers' cap, not a worker's own pace: its link carries all of B
     in and out (at 8 servers, 8 workers at 10 Gbit/s run at their own pace)."""
@@ -155,6 +166,11 @@ def test_advise_prints_each_mode_and_the_pick_and_bad_input_is_one_line():
     errors = [l for l in bad.stderr.splitlines() if l.startswith("tfsyncmodes: error:")]
     assert errors == ["tfsyncmodes: error: flag: --ranks_per_host: ranks_per_host=3 is not accepted; "
                       "use a divisor of ranks"], bad.stderr
+    bad = subprocess.run(command + ["--ps_gbit=-1"], capture_output=True, text=True, timeout=90, env=clean_env(),
+                         cwd=REPO)
+    errors = [l for l in bad.stderr.splitlines() if l.startswith("tfsyncmodes: error:")]
+    assert (bad.returncode, errors) == (2, ["tfsyncmodes: error: flag: --ps_gbit: ps_gbit=-1.0 is not accepted; "
+                                            "use >= 0 (0: link_gbit)"]), bad.stderr
 
 
 def test_a_replayed_trace_of_delays_is_priced_as_it_was_drawn_and_a_bad_one_is_refused():

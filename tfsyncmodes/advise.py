@@ -29,10 +29,11 @@ flags.DEFINE_float("tail_sigma", 0.0, "Heavy-tailed per-step delays: lognormal s
 flags.DEFINE_integer("period", 8, "Hybrid: inner steps between two averages across hosts.", lower_bound=1)
 flags.DEFINE_enum("local_steps", "auto", ["fixed", "auto"], "Hybrid: fixed or speed-proportional local steps.")
 flags.DEFINE_integer("ps", 1, "Async: parameter servers.", lower_bound=1)
+flags.DEFINE_float("ps_gbit", 0.0, "Async: each parameter server's link, Gbit/s (0: --link_gbit).")
 FLAGS = flags.FLAGS
 
 FIELDS = ("ranks", "ranks_per_host", "step_ms", "grad_mb", "link_gbit", "host_gbit", "latency_us", "batch",
-          "straggler", "tail_sigma", "period", "local_steps", "ps")
+          "straggler", "tail_sigma", "period", "local_steps", "ps", "ps_gbit")
 
 
 def report(job: costs.Job) -> str:

@@ -78,6 +78,7 @@ class Job:
     local_steps: str = "auto"       # hybrid: fixed | auto
     plan_rule: str = "most_steps"   # hybrid auto: the trainer's plan (most_steps; nearest: before 0.2.0)
     ps: int = 1                     # async: parameter servers
+    ps_gbit: float = 0.0            # async: each server's link, Gbit/s (0: link_gbit)
 
     def __post_init__(self):
         checks = [(self.ranks >= 1, "ranks", ">= 1"), (self.step_ms > 0, "step_ms", "> 0"),
@@ -92,6 +93,7 @@ class Job:
                   (self.period >= 1, "period", ">= 1"), (self.epoch_steps >= 0, "epoch_steps", ">= 0"),
                   (self.hybrid_overhead_ms >= 0, "hybrid_overhead_ms", ">= 0"), (self.local_steps in ("fixed", "auto"), "local_steps",
                                                            "fixed or auto"), (self.ps >= 1, "ps", ">= 1"),
+                  (self.ps_gbit >= 0, "ps_gbit", ">= 0 (0: link_gbit)"),
                   (self.plan_rule in ("most_steps", "nearest"), "plan_rule", "most_steps or nearest")]
         for ok, name, want in checks:
             if not ok:
@@ -176,9 +178,9 @@ def async_update_seconds(job: Job) -> float:
 
 
 def async_capacity(job: Job) -> float:
-    """Updates a second the servers' links carry: B out and B in per update, one direction each,
-    split over the ``ps`` servers."""
-    return job.ps * job.link_gbit * 1e9 / (job.grad_bytes * 8)
+    """Updates a second the servers' links carry (``ps_gbit`` each, else ``link_gbit``): B out and
+    B in per update, one direction each, split over the ``ps`` servers."""
+    return job.ps * (job.ps_gbit or job.link_gbit) * 1e9 / (job.grad_bytes * 8)
 
 
 def hybrid_rate(job: Job, times: np.ndarray, latency: float) -> float:
