@@ -133,13 +133,12 @@ class CoordinatorRunner(StepRunner):
         self._ran = 0  # steps waited for since the count was taken
         self._count_at_epoch_start = None
         self._dropped = dropped_counter(self._optimizer)  # None unless --sync_max_staleness is set
-        self._dropped_at_epoch_start = 0
+        # Its base: read here, then at each epoch's end (nothing is dropped with no step in flight).
+        self._dropped_at_epoch_start = 0 if self._dropped is None else int(np.asarray(self._dropped))
 
     def _schedule(self, function):
-        if self._count_at_epoch_start is None:  # nothing in flight: the counts' base
+        if self._count_at_epoch_start is None:  # nothing in flight: the count's base
             self._count_at_epoch_start = int(np.asarray(self._optimizer.iterations))
-            if self._dropped is not None:
-                self._dropped_at_epoch_start = int(np.asarray(self._dropped))
         return self.strategy.coordinator.schedule(function, args=(self._iterator, self._once.next_id()))
 
     def step(self):
