@@ -9,7 +9,8 @@ A row's job (``costs.Job``) is the bed as it ran: its ranks and hosts layout (hy
 one rank's compute = the emulated wait (scaled by the straggler's factor or the Pareto tail) plus
 a fitted per-step overhead, gradients of ``emulated_parameters() * 4`` bytes, the measured link
 (async: the same where the file says it ran across the namespaces, else loopback,
-``--loopback_gbit``), hybrid's period and local steps at the trainer's defaults, hybrid's average
+``--loopback_gbit``; the bed shapes what a host sends only, so a worker pulls at the ps host's
+rate, ``--ps_link``), hybrid's period and local steps at the trainer's defaults, hybrid's average
 in slices where the file says so, one ps. persistent = rank 1 four times slower; heavy =
 Pareto(``pareto_alpha``) factors of mean 1, the very factors the bed's ranks drew in the measured
 epochs (:func:`benchmarks.bed_rows.run_delays`; ``--noreplay_draws``: drawn afresh); transient = four times slower from F to E seconds after the first step
@@ -154,7 +155,8 @@ def table(beds: List[dict], constants: dict, settings: Settings = DEFAULT, held:
     rows = []
     for bed, out_of_fit in zip(beds, held or [False] * len(beds)):
         for row in bed["rows"]:
-            out = {"ranks": bed["ranks"], "link": bed["link"], "compute": bed.get("compute", "emulated"),
+            out = {"ranks": bed["ranks"], "link": bed["link"], "ps_link": bed.get("ps_link"),
+                   "compute": bed.get("compute", "emulated"),
                    "straggler": row["straggler"], "mode": row["mode"], "measured": measured(row),
                    "measured_as": "steady" if row.get("steady_samples_per_s") else "whole run",
                    "predicted": None, "error": None, "within": None,
@@ -197,7 +199,8 @@ def render(rows: List[dict], constants: dict, settings: Settings, paths: List[st
              + (f" (the rows of {', '.join(settings.holdout)} fit nothing)" if settings.holdout else "")
              + ". Async ran across the namespaces in files that say "
              "so, else on loopback, unshaped; its rows are simulated step by step, each step to the first free "
-             "worker and the workers joined at every epoch's end. "
+             "worker and the workers joined at every epoch's end, a worker pulling at its ps host's rate (ps: "
+             "that host's link class where it differs; the bed shapes only what a host sends). "
              + ("Heavy rows replay the Pareto factors the bed's ranks drew (seeded by seed, rank and step): sync's "
                 "in the measured epochs, hybrid's rounds, async's steps and the policy simulated over every factor "
                 "from the first step; " if settings.replay_draws else "Heavy rows draw the Pareto factors afresh; ")
@@ -210,7 +213,8 @@ def render(rows: List[dict], constants: dict, settings: Settings, paths: List[st
     for r in rows:
         cell = (lambda v, f: "-" if v is None else format(v, f))
         within = "-" if r["within"] is None else ("yes" if r["within"] else "no")
-        lines.append(f"| {r['ranks']} | {r['link']}{'' if r['compute'] == 'emulated' else ' (real)'} | {r['straggler']} | "
+        link = r["link"] + (f" (ps {r['ps_link']})" if r.get("ps_link") not in (None, r["link"]) else "")
+        lines.append(f"| {r['ranks']} | {link}{'' if r['compute'] == 'emulated' else ' (real)'} | {r['straggler']} | "
                      f"{r['mode']} | {cell(r['predicted'], '.0f')} | "
                      f"{cell(r['measured'], '.0f')}{'' if r['measured_as'] == 'steady' else ' *'} | "
                      f"{cell(None if r['error'] is None else 100 * r['error'], '+.1f')}{'' if r['error'] is None else ' %'} | "

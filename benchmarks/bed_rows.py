@@ -164,6 +164,7 @@ def job(bed: dict, mode: str, condition: str, alpha_s: float, overhead_s: float,
                      local_steps=hybrid["local_steps"].default_for("hybrid"), hybrid_overhead_ms=hybrid_s * 1e3,
                      hybrid_slices=bed.get("hybrid_exchange") == "slices", ps=int(bed.get("ps", 1)),
                      ps_gbit=0.0 if on_loopback else link * ps_link_factor(bed),
+                     down_gbit=0.0 if on_loopback else settings.loopback_gbit,  # the bed shapes egress only
                      plan_rule=bed.get("plan_rule", "nearest"))
 
 

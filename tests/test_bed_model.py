@@ -85,10 +85,14 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
     got = bed_rows.predict(two, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
     assert got == pytest.approx(own * BATCH, rel=1e-12)
     # One ps whose hosts have a link ten times the workers' (--ps_link=100gbit over 10gbit):
-    # its cap is ten times as high and the workers bind, each still at its own link's pace.
+    # its cap is ten times as high and the workers bind. The bed shapes what a host sends only,
+    # so a worker pushes at its own link's rate and pulls at the ps host's.
     fast_ps = dict(across, link="10gbit", ps_link="100gbit")
-    assert bed_rows.job(fast_ps, "async", "none", ALPHA, OVERHEAD, efficiency=0.9).ps_gbit == pytest.approx(10 * link / 1e9)
+    fast_job = bed_rows.job(fast_ps, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
+    assert (fast_job.ps_gbit, fast_job.down_gbit) == (pytest.approx(10 * link / 1e9), LOOP / 1e9)
     assert bed_rows.job(across, "async", "none", ALPHA, OVERHEAD, efficiency=0.9).ps_gbit == pytest.approx(link / 1e9)
+    own = closures / (-(-closures // 4) * (WAIT + OVERHEAD + B * 8 / link + B * 8 / (10 * link) + 2 * ALPHA))
+    assert own < 10 * link / (B * 8)
     got = bed_rows.predict(fast_ps, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
     assert got == pytest.approx(own * BATCH, rel=1e-12)
 

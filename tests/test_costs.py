@@ -56,6 +56,23 @@ def test_a_servers_faster_link_lifts_the_cap_and_not_a_workers_pace():
         job(ps_gbit=-1.0)
 
 
+def test_a_worker_pulls_at_the_slower_of_its_incoming_link_and_the_servers():
+    """A symmetric link (``down_gbit`` 0) carries a worker's pull and push at its own rate
+    whatever the server's; a link that limits only what a host sends (incoming 100 Gbit/s) lets
+    it pull at the server's 10; a server slower than the worker's link gives the pull its rate."""
+    assert costs.async_update_seconds(job(link_gbit=1.0, ps_gbit=10.0)) == pytest.approx(
+        2 * B * 8 / 1e9 + 2 * ALPHA, rel=1e-12)
+    egress_only = job(link_gbit=1.0, ps_gbit=10.0, down_gbit=100.0)
+    assert costs.async_update_seconds(egress_only) == pytest.approx(B * 8 / 1e9 + B * 8 / 10e9 + 2 * ALPHA, rel=1e-12)
+    assert costs.async_update_seconds(job(link_gbit=10.0, ps_gbit=1.0)) == pytest.approx(
+        B * 8 / 10e9 + B * 8 / 1e9 + 2 * ALPHA, rel=1e-12)
+    own = 8 / (T + B * 8 / 1e9 + B * 8 / 10e9 + 2 * ALPHA)  # the 8 workers' own pace, under the cap
+    assert own < 10e9 / (B * 8)
+    assert costs.predict(egress_only)["async"] == pytest.approx(own * BATCH, rel=1e-12)
+    with pytest.raises(ValueError, match="down_gbit"):
+        job(down_gbit=-1.0)
+
+
 def test_a_workers_pull_and_push_pass_its_own_link_whole_however_many_servers():
     """More servers lift the servers' cap, not a worker's own pace: its link carries all of B
     in and out (at 8 servers, 8 workers at 10 Gbit/s run at their own pace)."""
@@ -170,6 +187,11 @@ def test_advise_prints_each_mode_and_the_pick_and_bad_input_is_one_line():
                          cwd=REPO)
     errors = [l for l in bad.stderr.splitlines() if l.startswith("tfsyncmodes: error:")]
     assert (bad.returncode, errors) == (2, ["tfsyncmodes: error: flag: --ps_gbit: ps_gbit=-1.0 is not accepted; "
+                                            "use >= 0 (0: link_gbit)"]), bad.stderr
+    bad = subprocess.run(command + ["--down_gbit=-2"], capture_output=True, text=True, timeout=90, env=clean_env(),
+                         cwd=REPO)
+    errors = [l for l in bad.stderr.splitlines() if l.startswith("tfsyncmodes: error:")]
+    assert (bad.returncode, errors) == (2, ["tfsyncmodes: error: flag: --down_gbit: down_gbit=-2.0 is not accepted; "
                                             "use >= 0 (0: link_gbit)"]), bad.stderr
 
 

@@ -30,10 +30,12 @@ flags.DEFINE_integer("period", 8, "Hybrid: inner steps between two averages acro
 flags.DEFINE_enum("local_steps", "auto", ["fixed", "auto"], "Hybrid: fixed or speed-proportional local steps.")
 flags.DEFINE_integer("ps", 1, "Async: parameter servers.", lower_bound=1)
 flags.DEFINE_float("ps_gbit", 0.0, "Async: each parameter server's link, Gbit/s (0: --link_gbit).")
+flags.DEFINE_float("down_gbit", 0.0, "Async: a worker's incoming link, Gbit/s, where it differs from what it sends "
+                   "(0: --link_gbit).")
 FLAGS = flags.FLAGS
 
 FIELDS = ("ranks", "ranks_per_host", "step_ms", "grad_mb", "link_gbit", "host_gbit", "latency_us", "batch",
-          "straggler", "tail_sigma", "period", "local_steps", "ps", "ps_gbit")
+          "straggler", "tail_sigma", "period", "local_steps", "ps", "ps_gbit", "down_gbit")
 
 
 def report(job: costs.Job) -> str:

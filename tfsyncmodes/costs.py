@@ -79,6 +79,7 @@ class Job:
     plan_rule: str = "most_steps"   # hybrid auto: the trainer's plan (most_steps; nearest: before 0.2.0)
     ps: int = 1                     # async: parameter servers
     ps_gbit: float = 0.0            # async: each server's link, Gbit/s (0: link_gbit)
+    down_gbit: float = 0.0          # async: a worker's incoming link, Gbit/s (0: link_gbit, symmetric)
 
     def __post_init__(self):
         checks = [(self.ranks >= 1, "ranks", ">= 1"), (self.step_ms > 0, "step_ms", "> 0"),
@@ -94,6 +95,7 @@ class Job:
                   (self.hybrid_overhead_ms >= 0, "hybrid_overhead_ms", ">= 0"), (self.local_steps in ("fixed", "auto"), "local_steps",
                                                            "fixed or auto"), (self.ps >= 1, "ps", ">= 1"),
                   (self.ps_gbit >= 0, "ps_gbit", ">= 0 (0: link_gbit)"),
+                  (self.down_gbit >= 0, "down_gbit", ">= 0 (0: link_gbit)"),
                   (self.plan_rule in ("most_steps", "nearest"), "plan_rule", "most_steps or nearest")]
         for ok, name, want in checks:
             if not ok:
@@ -172,9 +174,14 @@ def predict(job: Job, delays=None) -> Dict[str, float]:
 
 
 def async_update_seconds(job: Job) -> float:
-    """An async worker's pull and push: B each way in turn through its own link, however many
-    servers hold the parts."""
-    return 2 * job.grad_bytes * 8 / (job.link_gbit * 1e9) + 2 * job.latency_us / 1e6
+    """An async worker's pull and push, B each way in turn, however many servers hold the
+    parts: the push leaves through its link (``link_gbit``), the pull comes in at the slower of
+    its incoming link (``down_gbit``; a symmetric link's rate by default) and the servers'
+    (``ps_gbit``). A network that limits only what a host sends (the bed's shaping; a cloud
+    that caps a machine's egress only) lets a worker pull at the servers' rate."""
+    bits = job.grad_bytes * 8
+    pull_gbit = min(job.down_gbit or job.link_gbit, job.ps_gbit or job.link_gbit)
+    return bits / (job.link_gbit * 1e9) + bits / (pull_gbit * 1e9) + 2 * job.latency_us / 1e6
 
 
 def async_capacity(job: Job) -> float:
