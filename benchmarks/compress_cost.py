@@ -85,17 +85,21 @@ def plain(key: str, code: bool = False) -> str:
     return (f"`{base}`" if code else base) + (f" ({other})" if other else "")
 
 
-def training_step(model, loss, transform, ctx):
+def training_step(model, loss, transform, ctx, per_tensor: bool = False):
     """One training step at batch 16 as one ``tf.function`` (forward, backward, Adam's update);
     with a `ctx`, the gradient flattened as the exchange flattens it, ``transform``-ed (compressed
     and decompressed) and unflattened before the update: what a compressor adds inside a step,
-    with no call of its own. Adam is built first, outside the function."""
+    with no call of its own. `per_tensor`: each variable's gradient ``transform``-ed on its own
+    instead (``transform(vector, context=its context)``), as it comes, nothing flattened: what the
+    compressor adds where the exchange does not flatten (it does today). Adam is built first,
+    outside the function."""
     import tensorflow as tf
 
-    from tfsyncmodes.exchange.flat import flatten, unflatten
+    from tfsyncmodes.exchange.flat import TensorContext, flatten, unflatten
     from tfsyncmodes.keras.compat import keras
 
     variables = model.trainable_variables
+    parts = [TensorContext.of_variables([v]) for v in variables]
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(variables)
 
@@ -104,7 +108,9 @@ def training_step(model, loss, transform, ctx):
         with tf.GradientTape() as tape:
             value = loss(y, model(x, training=True))
         grads = tape.gradient(value, variables)
-        if ctx is not None:
+        if per_tensor:
+            grads = [tf.reshape(transform(tf.reshape(g, [-1]), context=part), g.shape) for g, part in zip(grads, parts)]
+        elif ctx is not None:
             grads = unflatten(transform(flatten(grads, variables)), variables)
         optimizer.apply_gradients(zip(grads, variables))
         return value
@@ -154,8 +160,8 @@ def calls() -> tuple:
         def gathered(payload):
             return tuple(tf.concat([part] * FLAGS.ranks, 0) for part in payload)
 
-        def one(update, compressor=compressor):
-            return compressor.decompress(compressor.compress(update, ctx), ctx)
+        def one(update, compressor=compressor, context=ctx):
+            return compressor.decompress(compressor.compress(update, context), context)
 
         def all_ranks(update, compressor=compressor):
             return compressor.decompress(gathered(compressor.compress(update, ctx)), ctx)
@@ -170,6 +176,7 @@ def calls() -> tuple:
         for kind, function in (("one", one), ("ranks", all_ranks), ("feedback", with_memory)):
             timed[f"{key}.{kind}"] = (tf.function(function), (flat,))
         timed[f"{key}.in_step"] = (training_step(model, loss, one, ctx), (x[:16], y[:16]))
+        timed[f"{key}.in_step_tensor"] = (training_step(model, loss, one, ctx, per_tensor=True), (x[:16], y[:16]))
     timed["empty_call"] = (tf.function(lambda v: v[:1]), (flat,))
     for function, args in timed.values():
         function(*args)
@@ -203,18 +210,19 @@ def measure() -> dict:
     rounds = []
     for _ in range(FLAGS.rounds):
         cells = {name: statistics.median(once(*timed[name]) for _ in range(15))
-                 for name in timed if not name.endswith(".in_step")}
-        cells.update({name.replace(".in_step", ".added"): paired(name) for name in timed if name.endswith(".in_step")})
+                 for name in timed if ".in_step" not in name}
+        cells.update({name.replace(".in_step", ".added"): paired(name) for name in timed if ".in_step" in name})
         rounds.append(cells)
     keys = [row_key(*row) for row in rows() if f"{row_key(*row)}.one" in timed]
     return {"parameters": parameters, "ranks": FLAGS.ranks, "topk_ratio": FLAGS.topk_ratio,
             "compressions": keys, "rounds": rounds}
 
 
-def added(rounds, key: str) -> tuple:
-    """(median, low, high) over the rounds of what compression `key` adds to a training step:
-    the median of the paired differences over the step without it, within each round."""
-    values = [r[f"{key}.added"] / r["step_16"] for r in rounds]
+def added(rounds, key: str, per_tensor: bool = False) -> tuple:
+    """(median, low, high) over the rounds of what compression `key` adds to a training step
+    (`per_tensor`: compressing each gradient on its own): the median of the paired differences
+    over the step without it, within each round."""
+    values = [r[f"{key}.added{'_tensor' if per_tensor else ''}"] / r["step_16"] for r in rounds]
     return statistics.median(values), min(values), max(values)
 
 
@@ -239,7 +247,9 @@ def write(results: dict) -> None:
              "with the gradient flattened, compressed, decompressed and unflattened, against the same step "
              f"without, timed in {PAIRS} back-to-back pairs a round (the median difference), as a share of that "
              "step: what the compressor and the exchange's flattening add to a step, with no call of their own "
-             f"(flattening and unflattening alone: {rounds_text(added(rounds, 'flat'))}). "
+             f"(flattening and unflattening alone: {rounds_text(added(rounds, 'flat'))}); *per tensor*: the "
+             "same step with each variable's gradient compressed and decompressed on its own as it comes, "
+             "nothing flattened (one scale or Top-K selection per tensor; the exchange flattens today). "
              f"*{ranks} ranks*: the payload made, then {ranks} payloads concatenated "
              f"as an allgather hands them over, decompressed into their sum (what each rank does in a {ranks}-rank "
              "exchange); *error feedback*: the same with the residual added and updated. Dense step: one "
@@ -250,22 +260,25 @@ def write(results: dict) -> None:
              f"{rounds_text(rounds_cell(rounds, 'dense_step_64'))} ms; the batch-16 step as one `tf.function` "
              f"{rounds_text(rounds_cell(rounds, 'step_16'))} ms; an empty `tf.function` call "
              f"{rounds_text(rounds_cell(rounds, 'empty_call'))} ms (in every row of its own call).", "",
-             f"| compression | added inside a step / that step | compress + decompress (ms) | / dense step, batch 16 | "
+             f"| compression | added inside a step / that step | per tensor, added inside a step / that step | "
+             f"compress + decompress (ms) | / dense step, batch 16 | "
              f"/ dense step, batch 64 | {ranks} ranks (ms) | {ranks} ranks / step 16 | with error feedback (ms) | "
              "error feedback / step 16 | per training step at period 4 / step 16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def text(name, over=None):
         return rounds_text(rounds_cell(rounds, name, over))
 
     for name in keys:
         feedback = rounds_cell(rounds, f"{name}.feedback", "dense_step_16")
-        lines.append(f"| {plain(name, code=True)} | **{rounds_text(added(rounds, name))}** | {text(f'{name}.one')} | "
+        lines.append(f"| {plain(name, code=True)} | **{rounds_text(added(rounds, name))}** | "
+                     f"**{rounds_text(added(rounds, name, per_tensor=True))}** | {text(f'{name}.one')} | "
                      f"**{text(f'{name}.one', 'dense_step_16')}** | "
                      f"{text(f'{name}.one', 'dense_step_64')} | {text(f'{name}.ranks')} | "
                      f"{text(f'{name}.ranks', 'dense_step_16')} | {text(f'{name}.feedback')} | "
                      f"{rounds_text(feedback)} | {feedback[0] / 4:.3f} |")
     lines += ["", verdict(keys, lambda k: added(rounds, k)[2], "added inside a step"), "",
+              verdict(keys, lambda k: added(rounds, k, per_tensor=True)[2], "per tensor, added inside a step"), "",
               verdict(keys, lambda k: rounds_cell(rounds, f"{k}.one", "dense_step_16")[2],
                       "as a call of its own over the batch-16 dense step")]
     replace_section(os.path.join(FLAGS.docs_dir, "BENCHMARKS.md"), "compress_cost", "\n".join(lines) + "\n")

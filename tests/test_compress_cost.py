@@ -31,7 +31,7 @@ def test_a_small_run_reports_every_compression_from_its_rounds(tmp_path):
     assert len(data["rounds"]) == 2
     rows = ["int2", "int2@ops", "topk_int8", "topk_int8@ops"]
     assert data["compressions"] == rows
-    names = {f"{c}.{k}" for c in rows for k in ("one", "ranks", "feedback", "added")}
+    names = {f"{c}.{k}" for c in rows for k in ("one", "ranks", "feedback", "added", "added_tensor")}
     assert names | {"dense_step_16", "dense_step_64", "step_16", "flat.added", "empty_call"} == set(data["rounds"][0])
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert text.startswith("# Benchmarks\n\nkept\n") and "<!-- bench:compress_cost:end -->" in text
@@ -41,9 +41,11 @@ def test_a_small_run_reports_every_compression_from_its_rounds(tmp_path):
         cells = [c.strip() for c in row.strip("|").split("|")]
         named = name.replace("@ops", " (ops)")
         inside = [r[f"{name}.added"] / r["step_16"] for r in data["rounds"]]
+        per_tensor = [r[f"{name}.added_tensor"] / r["step_16"] for r in data["rounds"]]
         ratios = [r[f"{name}.one"] / r["dense_step_16"] for r in data["rounds"]]
         for cell, values, what in ((cells[1], inside, "added inside a step"),
-                                   (cells[3], ratios, "as a call of its own")):
+                                   (cells[2], per_tensor, "per tensor, added inside a step"),
+                                   (cells[4], ratios, "as a call of its own")):
             assert cell == f"**{np.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]**"
             line = next(line for line in text.splitlines() if line.startswith(f"Within 0.10 in every round, {what}"))
             met = max(values) <= 0.10
