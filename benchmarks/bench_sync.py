@@ -12,6 +12,8 @@ and interleaved to share the machine's noise:
   fit_spe      the same with compile(steps_per_execution=SPE): Keras runs SPE steps per call
   fit_fp16     fit with --sync_compression=fp16
   fit_topk     fit with --sync_compression=topk --sync_topk_ratio=0.01 (error feedback on)
+  fit_int8     fit with --sync_compression=int8 (error feedback on): the model as one vector
+  fit_int8_tensor  the same with --sync_compression_per_tensor: each gradient on its own
 
 and reports median step times, their spread, the ratios to manual (target fit / manual <=
 1.05) and the bytes each rank sends per step. wrapped_loop separates the wrapper's own cost
@@ -117,6 +119,8 @@ def worker(out_path: str) -> None:
         "fit_spe": make_fit("fit_spe", FLAGS.steps_per_execution),
         "fit_fp16": make_fit("fit_fp16", compression="fp16"),
         "fit_topk": make_fit("fit_topk", compression="topk", topk_ratio=0.01),
+        "fit_int8": make_fit("fit_int8", compression="int8"),
+        "fit_int8_tensor": make_fit("fit_int8_tensor", compression="int8", compression_per_tensor=True),
     }
     for run in variants.values():  # trace and warm up
         run(20)

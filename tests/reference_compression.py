@@ -103,13 +103,22 @@ def clip_global(grad, norm):
     return grad if total <= norm else (grad * np.float32(norm / total)).astype(np.float32)
 
 
+def per_tensor_roundtrip(flat, sizes, compression, ratio=0.01, clip_sigma=6.0):
+    """`quantized_roundtrip` of each tensor of `flat` (entries of `sizes` in turn) on its own:
+    (what is sent, dense; the wire bytes of all the payloads)."""
+    parts = np.split(flat, np.cumsum(sizes)[:-1])
+    sent = [quantized_roundtrip(part, compression, ratio, clip_sigma) for part in parts]
+    return np.concatenate([dense for dense, _ in sent]), sum(size for _, size in sent)
+
+
 def compressed_sync_training(kernel, bias, x, y, compression, ratio=0.01, clip_sigma=6.0, dgc=False,
-                             momentum=0.9, clip_norm=None, warmup_steps=0, lr=reference.LR, masking=True):
+                             momentum=0.9, clip_norm=None, warmup_steps=0, lr=reference.LR, masking=True,
+                             per_tensor=False):
     """Sync SGD in float32 with a quantizing (or, with `dgc`, a Top-K) compression: every rank
     compensates its gradient (error feedback; with `dgc`, momentum correction, the momentum
     zeroed where sent unless `masking` is off), compresses it, keeps what it left out; every
-    rank applies the mean of all payloads, decompressed and summed in rank order. Returns
-    [kernel, bias]."""
+    rank applies the mean of all payloads, decompressed and summed in rank order; `per_tensor`:
+    the kernel's and the bias's entries each compressed on their own. Returns [kernel, bias]."""
     params = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     replicas, size = x.shape[1], reference._flat(params).size
     residual = [np.zeros(size, np.float32) for _ in range(replicas)]
@@ -130,6 +139,9 @@ def compressed_sync_training(kernel, bias, x, y, compression, ratio=0.01, clip_s
             if compression == "topk":
                 values, indices = reference.topk_compress(compensated, step_ratio)
                 sent = reference.topk_decompress(values, indices, size)
+            elif per_tensor:
+                sent, _ = per_tensor_roundtrip(compensated, [p.size for p in params], compression, step_ratio,
+                                               clip_sigma)
             else:
                 sent, _ = quantized_roundtrip(compensated, compression, step_ratio, clip_sigma)
             residual[r] = (compensated - sent).astype(np.float32)

@@ -44,6 +44,22 @@ def test_quantized_sync_steps_equal_numpy(tmp_path_factory, compression):
 @pytest.mark.slow
 @pytest.mark.timeout(330)
 @sync_jobs.SHARED
+def test_int8_per_tensor_sync_steps_equal_numpy(tmp_path_factory):
+    """--sync_compression_per_tensor: the kernel and the bias each with a scale and a residual of
+    their own, and the bytes both payloads; not the flat vector's update."""
+    workers = run_sync(tmp_path_factory, "int8_per_tensor")
+    x, y = reference.linear_data(STEPS, 2)
+    kernel, bias = ref.compressed_sync_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, "int8",
+                                                per_tensor=True)
+    check_weights(workers[0], kernel, bias)
+    flat_kernel, _ = ref.compressed_sync_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, "int8")
+    assert np.abs(workers[0]["kernel"] - flat_kernel).max() > 1e-5  # one scale each, not one for the model
+    assert float(workers[0]["bytes_sent"]) == SIZE + 2 * 8  # the codes, and a [lo, scale] per tensor
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(330)
+@sync_jobs.SHARED
 def test_dgc_sync_steps_equal_numpy(tmp_path_factory):
     ratio, warmup, clip = 0.1, 2, 0.5  # steps 0-1 send 25 % of the entries, then 10 %
     assert sync_jobs.JOBS[2]["dgc"] == dict(steps=STEPS, compression="topk", topk_ratio=ratio, dgc=True,

@@ -182,6 +182,14 @@ KNOBS: Tuple[Knob, ...] = (
          "the ranks that selected it). Up to ranks x the values per step.",
          When(("sync",), lambda v, m: v["compression"] == "topk", "mode=sync with compression=topk",
               ("compression",))),
+    Knob("compression_per_tensor", False, Boolean(),
+         "Sync with a compression: each gradient compressed, sent and decompressed on its own as "
+         "it comes (one scale or one Top-K selection, and one residual, per tensor), as Horovod's "
+         "compression does, instead of the whole model as one vector (one payload, one scale or "
+         "selection over every entry). Not with dgc or topk_shared_indices.",
+         When(("sync",), lambda v, m: v["compression"] != "none" and not _dgc(v) and not v["topk_shared_indices"],
+              "mode=sync with a compression, without dgc and topk_shared_indices",
+              ("compression", "dgc", "topk_shared_indices"))),
     Knob("quantize_sigma", 6.0, Number(float, 0.0, 1e3, above=True),
          "A quantizing compression's range is the tensor's own, clipped to mean +- this many "
          "standard deviations (INTELLECT-1 uses 6); what is clipped stays in the error feedback.",

@@ -70,6 +70,13 @@ def sparsity_warmup(config) -> Optional[SparsityWarmup]:
     return SparsityWarmup(config.dgc_warmup_steps) if config.dgc_warmup_steps else None
 
 
+def per_tensor(config) -> bool:
+    """``--sync_compression_per_tensor``: sync compresses each gradient on its own (not with
+    DGC's corrections or shared Top-K indices, where the knob has no effect)."""
+    shared = config.compression == "topk" and config.topk_shared_indices
+    return bool(config.compression_per_tensor) and not dgc_on(config) and not shared
+
+
 def memory(config, chosen: Compressor) -> Memory:
     """``--sync_error_feedback``: error feedback for a compressor that drops information."""
     return default_memory(chosen) if config.error_feedback else NoMemory()

@@ -36,8 +36,8 @@ from tfsyncmodes.exchange.dgc import MomentumCorrection
 from tfsyncmodes.exchange.groups import knob_field
 from tfsyncmodes.exchange.hybrid import cross_group_link, hybrid_chain
 from tfsyncmodes.exchange.knob_settings import (compressor, cross_group_policy, dgc_clip, dgc_masking, dgc_momentum,
-                                               dgc_on, discounts_late_updates, memory, period, sparsity_warmup,
-                                               stale_bound)
+                                               dgc_on, discounts_late_updates, memory, per_tensor, period,
+                                               sparsity_warmup, stale_bound)
 from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
 from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
 from tfsyncmodes.exchange.switchable import SwitchableExchange
@@ -134,7 +134,8 @@ def sync_exchange(config, groups=None) -> Chain:
         return Chain(communicators.HorovodAllreduce())
     clip = dgc_clip(config, size) if dgc else None
     remembers = MomentumCorrection(dgc_momentum(config), dgc_masking(config)) if dgc else memory(config, chosen)
-    exchange = CompressedAllreduce(chosen, remembers, communicators.across_world(chosen, (rank, size)))
+    exchange = CompressedAllreduce(chosen, remembers, communicators.across_world(chosen, (rank, size)),
+                                   per_tensor=per_tensor(config))
     return Chain(*[part for part in (clip, exchange, warmup) if part is not None])
 
 
