@@ -91,7 +91,8 @@ def training_step(model, loss, transform, ctx, per_tensor: bool = False):
     and decompressed) and unflattened before the update: what a compressor adds inside a step,
     with no call of its own. `per_tensor`: each variable's gradient ``transform``-ed on its own
     instead (``transform(vector, context=its context)``), as it comes, nothing flattened: what the
-    compressor adds where the exchange does not flatten (it does today). Adam is built first,
+    compressor adds where the exchange does not flatten (sync's ``--sync_compression_per_tensor``).
+    Adam is built first,
     outside the function."""
     import tensorflow as tf
 
@@ -249,7 +250,8 @@ def write(results: dict) -> None:
              "step: what the compressor and the exchange's flattening add to a step, with no call of their own "
              f"(flattening and unflattening alone: {rounds_text(added(rounds, 'flat'))}); *per tensor*: the "
              "same step with each variable's gradient compressed and decompressed on its own as it comes, "
-             "nothing flattened (one scale or Top-K selection per tensor; the exchange flattens today). "
+             "nothing flattened (one scale or Top-K selection per tensor, as sync's exchange does with "
+             "`--sync_compression_per_tensor`; by default it flattens). "
              f"*{ranks} ranks*: the payload made, then {ranks} payloads concatenated "
              f"as an allgather hands them over, decompressed into their sum (what each rank does in a {ranks}-rank "
              "exchange); *error feedback*: the same with the residual added and updated. Dense step: one "

@@ -119,6 +119,8 @@ def compressed_sync_training(kernel, bias, x, y, compression, ratio=0.01, clip_s
     zeroed where sent unless `masking` is off), compresses it, keeps what it left out; every
     rank applies the mean of all payloads, decompressed and summed in rank order; `per_tensor`:
     the kernel's and the bias's entries each compressed on their own. Returns [kernel, bias]."""
+    if per_tensor and (dgc or compression == "topk"):
+        raise ValueError("per_tensor: this replay splits quantizing compressions (int*, topk_int*) only")
     params = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     replicas, size = x.shape[1], reference._flat(params).size
     residual = [np.zeros(size, np.float32) for _ in range(replicas)]

@@ -21,6 +21,7 @@ JOBS = {
         "fp16_no_feedback": dict(steps=3, compression="fp16", error_feedback=False),
         "int8": dict(steps=4, compression="int8"),
         "int8_per_tensor": dict(steps=4, compression="int8", compression_per_tensor=True),
+        "topk_int8_per_tensor": dict(steps=4, compression="topk_int8", topk_ratio=0.25, compression_per_tensor=True),
         "topk_int2": dict(steps=4, compression="topk_int2", topk_ratio=0.25),
         "dgc": dict(steps=4, compression="topk", topk_ratio=0.1, dgc=True, dgc_momentum=0.9,
                     dgc_clip_norm=0.5, dgc_warmup_steps=2),

@@ -77,11 +77,17 @@ def test_the_job_of_a_bed_row_is_the_bed_as_it_ran_and_sync_is_the_formula():
     got = bed_rows.predict(across, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
     assert got == pytest.approx(link / (B * 8) * BATCH, rel=1e-12)
     # Two ps on hosts of their own (the file's "ps"), every kernel split over them: each carries
-    # half of every pull and push, so the cap doubles, above the workers' own pace (each worker's
-    # link still carries its whole pull and push): the workers bind.
-    two = dict(across, ps=2)
-    own = closures / (-(-closures // 4) * (WAIT + OVERHEAD + 2 * B * 8 / link + 2 * ALPHA))
+    # half of every pull and push, so the cap doubles, above the workers' own pace: each worker
+    # pushes its whole gradient through its own link and, the bed shaping what a host sends only,
+    # pulls the two halves at once at the two ps hosts' rate. At steps of twice the wait the
+    # workers bind; at the wait itself they would run past the doubled cap.
+    two = dict(across, ps=2, emulated_step_ms=2 * WAIT * 1e3)
+    own = closures / (-(-closures // 4) * (2 * WAIT + OVERHEAD + B * 8 / link + B * 8 / (2 * link) + 2 * ALPHA))
     assert link / (B * 8) < own < 2 * link / (B * 8)
+    assert closures / (-(-closures // 4) * (WAIT + OVERHEAD + B * 8 / link + B * 8 / (2 * link) + 2 * ALPHA)) > (
+        2 * link / (B * 8))
+    assert bed_rows.predict(dict(across, ps=2), "async", "none", ALPHA, OVERHEAD, efficiency=0.9) == pytest.approx(
+        2 * link / (B * 8) * BATCH, rel=1e-12)
     got = bed_rows.predict(two, "async", "none", ALPHA, OVERHEAD, efficiency=0.9)
     assert got == pytest.approx(own * BATCH, rel=1e-12)
     # One ps whose hosts have a link ten times the workers' (--ps_link=100gbit over 10gbit):

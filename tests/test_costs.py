@@ -58,14 +58,17 @@ def test_a_servers_faster_link_lifts_the_cap_and_not_a_workers_pace():
 
 def test_a_worker_pulls_at_the_slower_of_its_incoming_link_and_the_servers():
     """A symmetric link (``down_gbit`` 0) carries a worker's pull and push at its own rate
-    whatever the server's; a link that limits only what a host sends (incoming 100 Gbit/s) lets
-    it pull at the server's 10; a server slower than the worker's link gives the pull its rate."""
+    from a server as fast or faster; a link that limits only what a host sends (incoming
+    100 Gbit/s) lets it pull at the server's 10; a server slower than the worker's link gives
+    the pull its rate, and two such servers, each sending its half at once, twice it."""
     assert costs.async_update_seconds(job(link_gbit=1.0, ps_gbit=10.0)) == pytest.approx(
         2 * B * 8 / 1e9 + 2 * ALPHA, rel=1e-12)
     egress_only = job(link_gbit=1.0, ps_gbit=10.0, down_gbit=100.0)
     assert costs.async_update_seconds(egress_only) == pytest.approx(B * 8 / 1e9 + B * 8 / 10e9 + 2 * ALPHA, rel=1e-12)
     assert costs.async_update_seconds(job(link_gbit=10.0, ps_gbit=1.0)) == pytest.approx(
         B * 8 / 10e9 + B * 8 / 1e9 + 2 * ALPHA, rel=1e-12)
+    assert costs.async_update_seconds(job(link_gbit=10.0, ps_gbit=1.0, ps=2)) == pytest.approx(
+        B * 8 / 10e9 + B * 8 / 2e9 + 2 * ALPHA, rel=1e-12)
     own = 8 / (T + B * 8 / 1e9 + B * 8 / 10e9 + 2 * ALPHA)  # the 8 workers' own pace, under the cap
     assert own < 10e9 / (B * 8)
     assert costs.predict(egress_only)["async"] == pytest.approx(own * BATCH, rel=1e-12)

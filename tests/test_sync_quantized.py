@@ -42,19 +42,26 @@ def test_quantized_sync_steps_equal_numpy(tmp_path_factory, compression):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("compression", ["int8", "topk_int8"])
 @pytest.mark.timeout(330)
 @sync_jobs.SHARED
-def test_int8_per_tensor_sync_steps_equal_numpy(tmp_path_factory):
-    """--sync_compression_per_tensor: the kernel and the bias each with a scale and a residual of
-    their own, and the bytes both payloads; not the flat vector's update."""
-    workers = run_sync(tmp_path_factory, "int8_per_tensor")
+def test_per_tensor_sync_steps_equal_numpy(tmp_path_factory, compression):
+    """--sync_compression_per_tensor: the kernel and the bias each with a scale (topk_int8: a
+    Top-K selection, at least one entry of the 3-entry bias) and a residual of their own, and
+    the bytes both payloads; not the flat vector's update."""
+    workers = run_sync(tmp_path_factory, f"{compression}_per_tensor")
     x, y = reference.linear_data(STEPS, 2)
-    kernel, bias = ref.compressed_sync_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, "int8",
-                                                per_tensor=True)
+    kernel, bias = ref.compressed_sync_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, compression,
+                                                RATIO, per_tensor=True)
     check_weights(workers[0], kernel, bias)
-    flat_kernel, _ = ref.compressed_sync_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, "int8")
+    flat_kernel, _ = ref.compressed_sync_training(workers[0]["kernel0"], workers[0]["bias0"], x, y, compression,
+                                                  RATIO)
     assert np.abs(workers[0]["kernel"] - flat_kernel).max() > 1e-5  # one scale each, not one for the model
-    assert float(workers[0]["bytes_sent"]) == SIZE + 2 * 8  # the codes, and a [lo, scale] per tensor
+    sizes = [reference.FEATURES * reference.OUTPUTS, reference.OUTPUTS]
+    _, wire = ref.per_tensor_roundtrip(np.ones(SIZE, np.float32), sizes, compression, RATIO)
+    assert float(workers[0]["bytes_sent"]) == wire  # both payloads (int8: the codes and a [lo, scale] each)
+    if compression == "int8":
+        assert wire == SIZE + 2 * 8
 
 
 @pytest.mark.slow

@@ -16,7 +16,9 @@ What a step costs, for ``ranks`` ranks of which ``ranks_per_host`` share a host:
   that crosses hosts runs at the slower of the two links.
 - **sync**: every step waits for the slowest rank, then allreduces the gradient over all ranks.
 - **async**: each worker computes, then pushes its gradient to and pulls the variables from the
-  parameter servers (``2 B`` through its own link in turn), each at its own pace; the servers'
+  parameter servers in turn, each at its own pace: the push ``B`` through its own link, the pull
+  ``B`` at the slower of its incoming link and the servers' together (``down_gbit``,
+  ``ps * ps_gbit``; both the worker's link by default); the servers'
   links carry ``B`` out (the pulls) and ``B`` in (the pushes) per update, each direction at the
   link's rate (full duplex, as the ring assumes), so the job's rate is the lesser of the
   workers' own rates and the ``ps`` links' ``ps * rate / B`` updates a second. (Before 0.2.0
@@ -174,13 +176,15 @@ def predict(job: Job, delays=None) -> Dict[str, float]:
 
 
 def async_update_seconds(job: Job) -> float:
-    """An async worker's pull and push, B each way in turn, however many servers hold the
-    parts: the push leaves through its link (``link_gbit``), the pull comes in at the slower of
-    its incoming link (``down_gbit``; a symmetric link's rate by default) and the servers'
-    (``ps_gbit``). A network that limits only what a host sends (the bed's shaping; a cloud
-    that caps a machine's egress only) lets a worker pull at the servers' rate."""
+    """An async worker's pull and push, B each way in turn: the push leaves through its link
+    (``link_gbit``), the pull comes in at the slower of its incoming link (``down_gbit``; a
+    symmetric link's rate by default) and the ``ps`` servers sending their parts at once
+    (``ps * ps_gbit``). A network that limits only what a host sends (the bed's shaping; a
+    cloud that caps a machine's egress only) lets a worker pull at the servers' rate. A server
+    slower than the workers also slows what they push into it; the cap
+    (:func:`async_capacity`) counts that, a worker's own pace here does not."""
     bits = job.grad_bytes * 8
-    pull_gbit = min(job.down_gbit or job.link_gbit, job.ps_gbit or job.link_gbit)
+    pull_gbit = min(job.down_gbit or job.link_gbit, job.ps * (job.ps_gbit or job.link_gbit))
     return bits / (job.link_gbit * 1e9) + bits / (pull_gbit * 1e9) + 2 * job.latency_us / 1e6
 
 

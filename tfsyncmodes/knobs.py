@@ -186,9 +186,10 @@ KNOBS: Tuple[Knob, ...] = (
          "Sync with a compression: each gradient compressed, sent and decompressed on its own as "
          "it comes (one scale or one Top-K selection, and one residual, per tensor), as Horovod's "
          "compression does, instead of the whole model as one vector (one payload, one scale or "
-         "selection over every entry). Not with dgc or topk_shared_indices.",
-         When(("sync",), lambda v, m: v["compression"] != "none" and not _dgc(v) and not v["topk_shared_indices"],
-              "mode=sync with a compression, without dgc and topk_shared_indices",
+         "selection over every entry). Not with dgc, nor with topk_shared_indices under topk.",
+         When(("sync",), lambda v, m: (v["compression"] != "none" and not _dgc(v)
+                                       and not (v["compression"] == "topk" and v["topk_shared_indices"])),
+              "mode=sync with a compression, without dgc or topk_shared_indices",
               ("compression", "dgc", "topk_shared_indices"))),
     Knob("quantize_sigma", 6.0, Number(float, 0.0, 1e3, above=True),
          "A quantizing compression's range is the tensor's own, clipped to mean +- this many "

@@ -11,8 +11,8 @@ so it reuses the same link (memory, compressor, traffic) and communicators::
 
 By default the model travels as one flat vector: one payload, one scale (or one Top-K selection)
 over every entry, one collective. ``per_tensor`` compresses each gradient on its own as it
-comes, as Horovod's compression does: a payload, a scale (or selection) and a residual per
-tensor, and a collective per tensor (Horovod fuses them). Nothing is flattened, so a layer's
+comes, as Horovod's compression does (Horovod's keeps no residual): a payload, a scale (or
+selection) and a residual per tensor, and a collective per tensor (Horovod fuses them). Nothing is flattened, so a layer's
 gradient is compressed while the backward pass still computes the layers before it, and each
 layer's update waits for its own tensor only.
 """
@@ -85,10 +85,18 @@ class CompressedAllreduce(CrossGroupPolicy):
         """Each gradient compensated, compressed, sent and decompressed on its own; the step's
         bytes are the tensors' payloads together (recorded beside the updates, which wait for
         their own tensor only: a tf.function runs every stateful op it holds)."""
+        sizes = [num_elements(v) for v in variables]
+        if sizes != [part.size for part in self.tensors]:
+            raise ValueError(f"compression per tensor was built for variables of {[p.size for p in self.tensors]} "
+                             f"entries and is given {sizes}: apply gradients for the variables the optimizer was "
+                             "built with, all of them, in their order")
         compressor, sent, means = self.compressor, [], []
         for i, (grad, variable, part, memory) in enumerate(zip(grads, variables, self.tensors, self.memories)):
+            if part.size == 0:  # nothing to send (Top-K would still pick one entry)
+                means.append(grad)
+                continue
             vector = (tf.zeros([part.size], tf.float32) if grad is None
-                      else tf.reshape(tf.cast(densify(grad), tf.float32), [-1]))
+                      else tf.reshape(tf.cast(densify(grad), tf.float32), [part.size]))
             compensated = memory.compensate(vector, part)
             payload = compressor.compress(compensated, part)
             remembered = memory.update(compensated, payload, compressor, part)
@@ -98,7 +106,7 @@ class CompressedAllreduce(CrossGroupPolicy):
             total = self.communicator.send_receive(payload, compressor, part, f"{NAME}.{i}", everyone=True)
             mean = total / float(self.num_groups)
             means.append(None if grad is None else tf.cast(tf.reshape(mean, tuple(variable.shape)), variable.dtype))
-        self.link.traffic.record(tf.add_n(sent))
+        self.link.traffic.record(tf.add_n(sent) if sent else tf.constant(0, tf.int64))
         return means
 
     def finish(self, variables) -> None:
