@@ -261,7 +261,7 @@ BAD_KNOB_VALUES = {
     "mode": ["bogus", ""], "backend": ["nccl", "bogus"], "mode_schedule": ["bogus", "sync:150%"],
     "collective_timeout": NUMBER + ["0.5"], "slow_worker": ["x", "bogus", "1:0.5", "-1:2", "1:4@60%-30%"],
     "ps_shards": INTEGER + ["0"], "min_shard_bytes": INTEGER + ["0"],
-    "clip_norm": NUMBER + ["0", "-1", "on"], "staleness_aware_lr": ["maybe", "2"], "exactly_once": ["maybe", "2"], "steps_ahead": INTEGER + ["-1", "auto"], "topk_shared_indices": ["maybe", "2"],
+    "clip_norm": NUMBER + ["0", "-1", "on"], "staleness_aware_lr": ["maybe", "2"], "exactly_once": ["maybe", "2"], "steps_ahead": INTEGER + ["-1", "auto"], "topk_shared_indices": ["maybe", "2"], "compression_per_tensor": ["maybe", "2"],
     "lr_decay": NUMBER + ["0", "auto"], "max_staleness": INTEGER + ["-1", "-2", "auto"],
     "delay_compensation": NUMBER + ["0"],
     "group_size": INTEGER + ["0", "-1", "auto"], "groups": ["0,1;1", "a", "0;;1", "bogus"],
