@@ -12,9 +12,9 @@ so it reuses the same link (memory, compressor, traffic) and communicators::
 By default the model travels as one flat vector: one payload, one scale (or one Top-K selection)
 over every entry, one collective. ``per_tensor`` compresses each gradient on its own as it
 comes, as Horovod's compression does (Horovod's keeps no residual): a payload, a scale (or
-selection) and a residual per tensor, and a collective per tensor (Horovod fuses them). Nothing is flattened, so a layer's
-gradient is compressed while the backward pass still computes the layers before it, and each
-layer's update waits for its own tensor only.
+selection) and a residual per tensor, and a collective per tensor (Horovod fuses them).
+Nothing is flattened, so a layer's gradient is compressed while the backward pass still
+computes the layers before it, and each layer's update waits for its own tensor only.
 """
 from __future__ import annotations
 
