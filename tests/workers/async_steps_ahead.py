@@ -7,8 +7,9 @@ A model whose loss is linear in its kernel (every step's gradient is the batch's
 whichever weights it read, so the final kernel says how many updates landed) trains EPOCHS x
 STEPS steps of plain SGD with ``steps_ahead=AHEAD``, worker 1's steps much slower than worker
 0's (STEP_SLEEPS). At each epoch's end a callback reads
-``optimizer.iterations``, waits PAUSE seconds (a chief that checkpoints and evaluates), reads it
-again, and keeps the epoch's logs, among them a metric that counts the examples its epoch
+``optimizer.iterations``, waits (a chief that checkpoints and evaluates) until the steps ahead have
+landed or WAIT_LIMIT seconds have passed, then PAUSE seconds more, in which no further step may
+land, reads it again, and keeps the epoch's logs, among them a metric that counts the examples its epoch
 saw. With AHEAD > 0 a second fit, whose steps take STOPPED_STEP_SLEEPS each, stops at its first
 epoch's end (``model.stop_training``, no pause), while the steps run ahead are still running.
 """
@@ -20,6 +21,7 @@ import time
 import numpy as np
 
 FEATURES, BATCH, STEPS, EPOCHS, LR, PAUSE = 8, 16, 12, 3, 0.01, 1.5
+WAIT_LIMIT = 30.0  # seconds the callback waits at most for the steps ahead: a loaded machine is slow
 STEP_SLEEPS = (0.2, 1.0)  # seconds a batch takes on worker 0 and on worker 1: worker 0 runs
 # fewer than 6 steps while worker 1 runs one, so worker 1 takes one of 6 steps ahead
 STOPPED_STEP_SLEEPS = (0.4, 0.4)  # the stopped fit's: still running when its callback stops it
@@ -77,11 +79,19 @@ def main(outdir, ahead):
             super().__init__()
             self.stop_at_first, self.epochs = stop_at_first, []
 
+        def iterations(self):
+            return int(np.asarray(self.model.optimizer.iterations))
+
         def on_epoch_end(self, epoch, logs=None):
-            entry = int(np.asarray(self.model.optimizer.iterations))
-            time.sleep(0 if self.stop_at_first else PAUSE)
-            self.epochs.append({"epoch": epoch, "at_entry": entry,
-                                "after_pause": int(np.asarray(self.model.optimizer.iterations)),
+            entry = self.iterations()
+            if not self.stop_at_first:
+                # The steps ahead, if any, land while the callback runs; then PAUSE seconds more.
+                expected = (epoch + 1) * STEPS + (ahead if epoch + 1 < EPOCHS else 0)
+                deadline = time.monotonic() + WAIT_LIMIT
+                while self.iterations() < expected and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(PAUSE)
+            self.epochs.append({"epoch": epoch, "at_entry": entry, "after_pause": self.iterations(),
                                 "seen": float(logs["seen"]), "steps": float(logs["steps"])})
             if self.stop_at_first:
                 self.model.stop_training = True
