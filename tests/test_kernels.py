@@ -1,6 +1,7 @@
 """The Top-K kernels for a ``pip install`` user: built on first use into a cache per TensorFlow
 version, once, exact against NumPy; a missing compiler or TFSYNC_BUILD_KERNELS=0 falls back to
 TensorFlow ops with the reason; and the one log line that says which implementation runs."""
+import hashlib
 import os
 import subprocess
 import sys
@@ -19,7 +20,10 @@ from tfsyncmodes.exchange import kernels
 def test_the_first_use_builds_the_kernels_into_the_cache_once_and_they_are_exact(tmp_path):
     library, how = kernels.locate(prebuilt=None, cache=str(tmp_path))
     assert (library, how) == (str(tmp_path / kernels.LIBRARY), "built on first use, now")
-    assert sorted(os.listdir(tmp_path)) == [kernels.LIBRARY, kernels.LIBRARY + ".lock"]  # no scratch left
+    # No scratch left; the library stamped with its sources' digest.
+    assert sorted(os.listdir(tmp_path)) == [kernels.LIBRARY, kernels.LIBRARY + ".lock", kernels.LIBRARY + kernels.DIGEST]
+    assert (tmp_path / (kernels.LIBRARY + kernels.DIGEST)).read_text().strip() == hashlib.sha256(
+        b"".join(open(source, "rb").read() for source in kernels.SOURCES + kernels.HEADERS)).hexdigest()
     built = os.stat(library).st_mtime_ns
     assert kernels.locate(prebuilt=None, cache=str(tmp_path)) == (library, "built on first use")
     assert os.stat(library).st_mtime_ns == built  # found, not rebuilt
@@ -49,6 +53,24 @@ def test_the_cache_is_per_tensorflow_version_under_the_users_cache(monkeypatch, 
     assert kernels.cache_dir() == str(tmp_path / "tfsyncmodes" / f"tf-{tf.__version__}")
     monkeypatch.setenv("TFSYNC_CACHE_DIR", str(tmp_path / "mine"))
     assert kernels.cache_dir() == str(tmp_path / "mine" / f"tf-{tf.__version__}")
+
+
+def test_a_library_built_from_other_sources_is_not_used(tmp_path):
+    """An install's or a cache's library from an earlier version of the sources (a new kernel
+    missing) gives way: the install's to the cache's, the cache's to a build."""
+    digest = kernels.sources_digest()
+    installed, cache = tmp_path / "installed.so", tmp_path / "cache"
+    cache.mkdir()
+    installed.write_bytes(b"an earlier build")
+    assert not kernels.current(str(installed))  # no digest: not known to be these sources'
+    (tmp_path / ("installed.so" + kernels.DIGEST)).write_text("0" * 64 + "\n")
+    assert not kernels.current(str(installed))
+    (cache / kernels.LIBRARY).write_bytes(b"a build of these sources")
+    (cache / (kernels.LIBRARY + kernels.DIGEST)).write_text(digest + "\n")
+    assert kernels.locate(prebuilt=str(installed), cache=str(cache)) == (str(cache / kernels.LIBRARY),
+                                                                       "built on first use")
+    (tmp_path / ("installed.so" + kernels.DIGEST)).write_text(digest + "\n")
+    assert kernels.locate(prebuilt=str(installed), cache=str(cache)) == (str(installed), "built at install")
 
 
 def test_without_a_compiler_or_with_the_build_off_there_is_no_library_and_the_reason(monkeypatch, tmp_path):

@@ -229,3 +229,22 @@ def test_the_kernels_refuse_a_payload_that_is_not_whole_rows():
         quantizer.decode(codes, lo_scale[:-1], 4, 1001, 100)
     with pytest.raises(ValueError, match="quantization implementation 'fast': use one of auto, native, ops"):
         quantize.Quantizer("fast")
+
+
+def test_the_index_kernels_refuse_indices_out_of_order_or_range_and_counts_that_do_not_add_up():
+    from tfsyncmodes.exchange import kernels
+    from tfsyncmodes.exchange.quantized import pack_indices, unpack_indices
+
+    native = kernels.choose("native", "Top-K")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="index 3 follows 7: pack indices in increasing order"):
+        pack_indices(tf.constant([1, 7, 3], tf.int32), 100_000, native)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"index 100000 is outside \[0, 100000\)"):
+        pack_indices(tf.constant([1, 100_000], tf.int32), 100_000, native)
+    low, counts = pack_indices(tf.constant([1, 70_000], tf.int32), 100_000, native)  # 2 blocks
+    np.testing.assert_array_equal(unpack_indices(low, counts, 100_000, native).numpy(), [1, 70_000])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the counts add up to 1, not the 2 low parts"):
+        unpack_indices(low, tf.constant([1, 0], tf.int32), 100_000, native)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="count 3 of block 0 does not fit the 2 low parts"):
+        unpack_indices(low, tf.constant([3, 0], tf.int32), 100_000, native)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="3 counts are not a whole number of 2 blocks"):
+        unpack_indices(low, tf.constant([1, 1, 0], tf.int32), 100_000, native)

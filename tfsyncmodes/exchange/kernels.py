@@ -1,16 +1,17 @@
-"""The compiled kernels (Top-K, quantization): where they are found, their build on first use,
-and the one load per process.
+"""The compiled kernels (Top-K, quantization, packed indices): where they are found, their build
+on first use, and the one load per process.
 
-``scripts/install.sh`` compiles ``native/topk_ops.cc`` and ``native/quantize_ops.cc`` into one
-library next to their sources. A ``pip install`` user has only the sources (they ship as
+``scripts/install.sh`` compiles ``native/*.cc`` into one library next to their sources. A ``pip install`` user has only the sources (they ship as
 package data), so the first process that asks for the kernels compiles them with the C++
 compiler (``$CXX``, else ``g++``) and TensorFlow's own compile and link flags into a cache kept
 per TensorFlow version::
 
     $TFSYNC_CACHE_DIR  (else $XDG_CACHE_HOME/tfsyncmodes, else ~/.cache/tfsyncmodes)
         tf-2.21.0/_tfsync_ops.so
+        tf-2.21.0/_tfsync_ops.so.sources   (the digest of the sources it was built from)
 
-Ranks that start together build once: the build holds a file lock, and the library appears
+A library whose digest is not the sources' (built by an earlier version of the package) is not
+used: the cache's is built again, and the install's gives way to the cache's. Ranks that start together build once: the build holds a file lock, and the library appears
 under its final name only when complete. ``TFSYNC_BUILD_KERNELS=0`` turns the build off; when
 it is off, or fails (no compiler, no headers), :func:`locate` says why and the compressors use
 TensorFlow ops (the same result, slower). The build turns off floating-point contraction: a
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import os
 import shlex
 import subprocess
@@ -29,8 +31,10 @@ from typing import Optional, Tuple
 import tensorflow as tf
 
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
-SOURCES = tuple(os.path.join(NATIVE_DIR, name) for name in ("topk_ops.cc", "quantize_ops.cc"))
+SOURCES = tuple(os.path.join(NATIVE_DIR, name) for name in ("topk_ops.cc", "quantize_ops.cc", "index_ops.cc"))
+HEADERS = tuple(os.path.join(NATIVE_DIR, name) for name in ("quantize_rule.h", "quantize_simd.h"))
 LIBRARY = "_tfsync_ops.so"
+DIGEST = ".sources"  # next to a library: the digest of the sources it was built from
 IMPLEMENTATIONS = ("auto", "native", "ops")
 BUILD_TIMEOUT_S = 600
 
@@ -42,8 +46,33 @@ def cache_dir() -> str:
     return os.path.join(root, f"tf-{tf.__version__}")
 
 
+def sources_digest(sources: Tuple[str, ...] = SOURCES + HEADERS) -> Optional[str]:
+    """The SHA-256 of `sources` (None when one is missing: nothing to compare a library with)."""
+    digest = hashlib.sha256()
+    for source in sources:
+        try:
+            with open(source, "rb") as text:
+                digest.update(text.read())
+        except OSError:
+            return None
+    return digest.hexdigest()
+
+
+def current(library: str) -> bool:
+    """Whether `library` exists and was built from these sources (or they cannot be read)."""
+    if not os.path.exists(library):
+        return False
+    want = sources_digest()
+    try:
+        with open(library + DIGEST) as stamp:
+            return want is None or stamp.read().strip() == want
+    except OSError:
+        return want is None
+
+
 def build(output: str, sources: Tuple[str, ...] = SOURCES) -> Tuple[bool, str]:
-    """Compiles `sources` into the shared library `output`; (done, the compiler's last words)."""
+    """Compiles `sources` into the shared library `output`, stamped with their digest; (done,
+    the compiler's last words)."""
     compiler = os.environ.get("CXX") or "g++"
     command = ([*shlex.split(compiler), "-O3", "-ffp-contract=off", "-shared", "-fPIC", "-w", "-o", output + ".tmp",
                 *sources]
@@ -56,6 +85,8 @@ def build(output: str, sources: Tuple[str, ...] = SOURCES) -> Tuple[bool, str]:
         tail = " ".join(done.stderr.strip().splitlines()[-3:])
         return False, f"{compiler} failed: {tail}"
     os.replace(output + ".tmp", output)
+    with open(output + DIGEST, "w") as stamp:  # after the library: a library never looks newer than it is
+        stamp.write((sources_digest(sources + HEADERS) or "") + "\n")
     return True, ""
 
 
@@ -63,11 +94,11 @@ def locate(prebuilt: Optional[str] = os.path.join(NATIVE_DIR, LIBRARY),
            cache: Optional[str] = None) -> Tuple[Optional[str], str]:
     """(the library's path, how it was found) or (None, why there is none): the library
     ``scripts/install.sh`` built, else the one in the cache, else a build into the cache."""
-    if prebuilt and os.path.exists(prebuilt):
+    if prebuilt and current(prebuilt):
         return prebuilt, "built at install"
     folder = cache or cache_dir()
     library = os.path.join(folder, LIBRARY)
-    if os.path.exists(library):
+    if current(library):
         return library, "built on first use"
     if os.environ.get("TFSYNC_BUILD_KERNELS", "1") == "0":
         return None, "TFSYNC_BUILD_KERNELS=0"
@@ -78,13 +109,14 @@ def locate(prebuilt: Optional[str] = os.path.join(NATIVE_DIR, LIBRARY),
         os.makedirs(folder, exist_ok=True)
         with open(library + ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another rank may be building it
-            if os.path.exists(library):
+            if current(library):
                 return library, "built on first use"
             with tempfile.TemporaryDirectory(dir=folder) as scratch:
                 done, why = build(os.path.join(scratch, LIBRARY))
                 if not done:
                     return None, why
                 os.replace(os.path.join(scratch, LIBRARY), library)
+                os.replace(os.path.join(scratch, LIBRARY + DIGEST), library + DIGEST)
     except OSError as error:
         return None, f"cannot build into {folder}: {error}"
     return library, "built on first use, now"

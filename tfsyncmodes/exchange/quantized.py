@@ -93,15 +93,21 @@ def index_blocks(size: int) -> int:
     return max(1, -(-size // INDEX_BLOCK))
 
 
-def pack_indices(indices: tf.Tensor, size: int):
-    """Sorted int32 `indices` as (uint16 low parts, int32 count per block)."""
+def pack_indices(indices: tf.Tensor, size: int, native=None):
+    """Sorted int32 `indices` as (uint16 low parts, int32 count per block); with `native` (the
+    compiled kernels' module) in one kernel."""
+    if native is not None:
+        return native.tfsync_pack_indices(indices, size=size)
     blocks = index_blocks(size)
     counts = tf.math.bincount(indices // INDEX_BLOCK, minlength=blocks, maxlength=blocks, dtype=tf.int32)
     return tf.cast(indices % INDEX_BLOCK, tf.uint16), counts
 
 
-def unpack_indices(low: tf.Tensor, counts: tf.Tensor, size: int) -> tf.Tensor:
-    """The int32 indices of one or several ranks' concatenated packed indices."""
+def unpack_indices(low: tf.Tensor, counts: tf.Tensor, size: int, native=None) -> tf.Tensor:
+    """The int32 indices of one or several ranks' concatenated packed indices (with `native`,
+    in one kernel)."""
+    if native is not None:
+        return native.tfsync_unpack_indices(low, counts, size=size)
     blocks = index_blocks(size)
     block_ids = tf.tile(tf.range(blocks), [tf.size(counts) // blocks])
     return tf.repeat(block_ids, counts) * INDEX_BLOCK + tf.cast(low, tf.int32)
@@ -121,10 +127,12 @@ class QuantizedTopK(TopK):
         self.values = _VALUES[self.bits](clip_sigma, chunk, implementation)
 
     def compress_k(self, flat, k):
-        _, indices = self.selection.select(flat, k)
-        indices = tf.sort(indices)  # the ops selection's order is arbitrary; chunks follow this one
-        codes, lo_scale = self.values.compress(tf.gather(flat, indices), None)
-        return (codes, lo_scale) + pack_indices(indices, int(flat.shape[0]))
+        values, indices = self.selection.select(flat, k)
+        if self.selection.native is None:  # the ops selection's order is arbitrary; chunks follow index order
+            indices = tf.sort(indices)
+            values = tf.gather(flat, indices)
+        codes, lo_scale = self.values.compress(values, None)
+        return (codes, lo_scale) + pack_indices(indices, int(flat.shape[0]), self.selection.native)
 
     def decompress(self, payload, ctx):
         codes, lo_scale = payload[:2]
@@ -137,7 +145,7 @@ class QuantizedTopK(TopK):
         return self.staged(ctx.size, with_k)
 
     def sent_indices(self, payload, ctx):
-        return unpack_indices(payload[2], payload[3], ctx.size)
+        return unpack_indices(payload[2], payload[3], ctx.size, self.selection.native)
 
     def payload_spec(self, ctx):
         k = self.k(ctx.size)
