@@ -1,6 +1,6 @@
 """What each compressor costs against a dense training step, on one rank.
 
-    python -m benchmarks.compress_cost [--rounds=5] [--ranks=4] [--compressions=topk,int8,...]
+    python -m benchmarks.compress_cost [--rounds=5] [--pairs=100] [--ranks=4] [--compressions=topk,int8,...]
         [--implementations=native,ops]
 
 One process, no exchange: the digits MLP that ``benchmarks.bytes_target`` trains
@@ -38,12 +38,13 @@ from benchmarks.benchlib import DOCS, bad_flag, replace_section, rounds_cell, ro
 COMPRESSIONS = ("topk", "int8", "int4", "int2", "topk_int8", "topk_int4", "topk_int2")
 BATCHES = (16, 64)
 TARGET = 0.10
-PAIRS = 40  # back-to-back pairs of steps, with and without a compression, a round
 
 flags.DEFINE_list("compressions", list(COMPRESSIONS), "Compressions to time (--sync_compression values).")
 flags.DEFINE_list("implementations", ["native", "ops"], "Each compression with each of these: native (the compiled "
                   "kernels) or ops (TensorFlow ops).")
 flags.DEFINE_integer("rounds", 5, "Interleaved rounds (median of 15 calls of each call per round).")
+flags.DEFINE_integer("pairs", 100, "Back-to-back pairs of training steps, with and without a compression, a round "
+                     "(their median difference is what the compression adds inside a step).")
 flags.DEFINE_integer("ranks", 4, "Payloads decompressed together, as at this many ranks.")
 flags.DEFINE_integer("hidden_units", 1024, "The MLP's width (1024: 1,126,410 parameters).")
 flags.DEFINE_float("topk_ratio", 0.01, "--sync_topk_ratio of the Top-K compressions.")
@@ -62,7 +63,7 @@ def check() -> None:
     for name in FLAGS.implementations:
         if name not in ("native", "ops"):
             bad_flag(PROGRAM, "implementations", f"{name!r} is not an implementation", "use native, ops or both")
-    for name in ("rounds", "ranks", "hidden_units"):
+    for name in ("rounds", "pairs", "ranks", "hidden_units"):
         if FLAGS[name].value < 1:
             bad_flag(PROGRAM, name, f"{FLAGS[name].value} is too small", "use 1 or more")
     if not 0 < FLAGS.topk_ratio <= 1:
@@ -197,12 +198,12 @@ def measure() -> dict:
         return time.perf_counter() - started
 
     def paired(name):
-        """The median over PAIRS of (the step with `name`'s compression - the step without),
+        """The median over --pairs of (the step with `name`'s compression - the step without),
         each pair timed back to back (which goes first alternates), so that the machine's drift
         between them is small."""
         with_it, without = timed[name], timed["step_16"]
         differences = []
-        for i in range(PAIRS):
+        for i in range(FLAGS.pairs):
             first, second = (with_it, without) if i % 2 == 0 else (without, with_it)
             a, b = once(*first), once(*second)
             differences.append(a - b if i % 2 == 0 else b - a)
@@ -239,14 +240,14 @@ def write(results: dict) -> None:
         json.dump(results, handle, indent=1)
     rounds, ranks, keys = results["rounds"], results["ranks"], results["compressions"]
     lines = [f"## What each compressor costs: one rank, {results['parameters']:,} parameters", "",
-             f"`python -m benchmarks.compress_cost --rounds={len(rounds)}` — one process, no exchange: the digits "
+             f"`python -m benchmarks.compress_cost --rounds={len(rounds)} --pairs={FLAGS.pairs}` — one process, no exchange: the digits "
              f"MLP of `benchmarks.bytes_target` and one real gradient of it, flattened as the exchange flattens "
              f"the model; each compression built by the library's recipe (Top-K ratio {results['topk_ratio']}), "
              f"one `tf.function` call each; *(ops)*: the same compression with TensorFlow ops instead of the "
              f"compiled kernels (the same bits; the kernels are what a compression runs when they are built). "
              "*Added inside a step*: a training step at batch 16 as one `tf.function` (forward, backward, Adam) "
              "with the gradient flattened, compressed, decompressed and unflattened, against the same step "
-             f"without, timed in {PAIRS} back-to-back pairs a round (the median difference), as a share of that "
+             f"without, timed in {FLAGS.pairs} back-to-back pairs a round (the median difference), as a share of that "
              "step: what the compressor and the exchange's flattening add to a step, with no call of their own "
              f"(flattening and unflattening alone: {rounds_text(added(rounds, 'flat'))}); *per tensor*: the "
              "same step with each variable's gradient compressed and decompressed on its own as it comes, "

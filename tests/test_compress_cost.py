@@ -22,7 +22,7 @@ def test_a_cell_is_the_median_of_each_rounds_own_ratio_and_its_range():
 
 def test_a_small_run_reports_every_compression_from_its_rounds(tmp_path):
     (tmp_path / "BENCHMARKS.md").write_text("# Benchmarks\n\nkept\n")
-    result = subprocess.run([PYTHON, "-m", "benchmarks.compress_cost", "--rounds=2", "--hidden_units=16",
+    result = subprocess.run([PYTHON, "-m", "benchmarks.compress_cost", "--rounds=2", "--pairs=10", "--hidden_units=16",
                              "--compressions=int2,topk_int8", f"--docs_dir={tmp_path}"],
                             capture_output=True, text=True, timeout=300, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -55,6 +55,7 @@ def test_a_small_run_reports_every_compression_from_its_rounds(tmp_path):
 
 @pytest.mark.parametrize("flag,words", [("--compressions=int3", "--compressions: 'int3' is not a compression"),
                                         ("--rounds=0", "--rounds: 0 is too small"),
+                                        ("--pairs=0", "--pairs: 0 is too small"),
                                         ("--implementations=fast", "--implementations: 'fast' is not an implementation"),
                                         ("--topk_ratio=1.5", "--topk_ratio: 1.5 is not a fraction")])
 def test_a_bad_flag_is_one_line_and_status_2(tmp_path, flag, words):
