@@ -90,20 +90,16 @@ class CompressedAllreduce(CrossGroupPolicy):
             raise ValueError(f"compression per tensor was built for variables of {[p.size for p in self.tensors]} "
                              f"entries and is given {sizes}: apply gradients for the variables the optimizer was "
                              "built with, all of them, in their order")
-        compressor, sent, means = self.compressor, [], []
+        sent, means = [], []
         for i, (grad, variable, part, memory) in enumerate(zip(grads, variables, self.tensors, self.memories)):
             if part.size == 0:  # nothing to send (Top-K would still pick one entry)
                 means.append(grad)
                 continue
             vector = (tf.zeros([part.size], tf.float32) if grad is None
                       else tf.reshape(tf.cast(densify(grad), tf.float32), [part.size]))
-            compensated = memory.compensate(vector, part)
-            payload = compressor.compress(compensated, part)
-            remembered = memory.update(compensated, payload, compressor, part)
-            sent.append(self.link.transport.wire_bytes(payload))
-            with tf.control_dependencies([remembered]):
-                payload = tuple(tf.identity(t) for t in payload)
-            total = self.communicator.send_receive(payload, compressor, part, f"{NAME}.{i}", everyone=True)
+            payload, wire = self.link.payload(vector, part, memory)
+            sent.append(wire)
+            total = self.communicator.send_receive(payload, self.compressor, part, f"{NAME}.{i}", everyone=True)
             mean = total / float(self.num_groups)
             means.append(None if grad is None else tf.cast(tf.reshape(mean, tuple(variable.shape)), variable.dtype))
         self.link.traffic.record(tf.add_n(sent) if sent else tf.constant(0, tf.int64))

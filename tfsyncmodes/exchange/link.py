@@ -56,15 +56,24 @@ class CrossGroupLink:
         self.traffic.build(ctx.size, state)
         self.transport.build(ctx, state, start=self.active)
 
-    def send(self, tensor: tf.Tensor, ctx: Optional[TensorContext] = None):
-        """`ctx`: a fragment's context (:meth:`TensorContext.part`) when `tensor` is one
-        fragment of the model (None: the whole model)."""
+    def payload(self, tensor: tf.Tensor, ctx: Optional[TensorContext] = None, memory: Optional[Memory] = None):
+        """(the payload of `tensor`, its bytes on the wire), the bytes not counted yet: `tensor`
+        compensated by `memory` (None: the link's), compressed, and what was dropped remembered
+        before the payload is handed on."""
         ctx = ctx or self.ctx
-        compensated = self.memory.compensate(tensor, ctx)
+        memory = self.memory if memory is None else memory
+        compensated = memory.compensate(tensor, ctx)
         payload = self.compressor.compress(compensated, ctx)
-        remembered = self.memory.update(compensated, payload, self.compressor, ctx)
-        counted = self.traffic.record(self.transport.wire_bytes(payload))
-        with tf.control_dependencies([remembered, counted]):
+        remembered = memory.update(compensated, payload, self.compressor, ctx)
+        with tf.control_dependencies([remembered]):
+            return tuple(tf.identity(t) for t in payload), self.transport.wire_bytes(payload)
+
+    def send(self, tensor: tf.Tensor, ctx: Optional[TensorContext] = None):
+        """The payload of `tensor`, its bytes counted. `ctx`: a fragment's context
+        (:meth:`TensorContext.part`) when `tensor` is one fragment of the model (None: the
+        whole model)."""
+        payload, wire = self.payload(tensor, ctx)
+        with tf.control_dependencies([self.traffic.record(wire)]):
             return tuple(tf.identity(t) for t in payload)
 
     def exchange(self, payload, ctx: Optional[TensorContext] = None) -> tf.Tensor:
