@@ -1,7 +1,7 @@
 """One resolved, validated, immutable configuration per run.
 
 Sources, in rising precedence: built-in defaults (a mode's own where
-:attr:`~tfsyncmodes.knobs.Knob.mode_defaults` says so) < a YAML config file (``--sync_config``
+:attr:`~tfsyncmodes.knob_types.Knob.mode_defaults` says so) < a YAML config file (``--sync_config``
 or ``TFSYNC_CONFIG``) < environment variables (``TFSYNC_<KEY>``) < absl flags given on the
 command line (``--sync_<key>``) < arguments in code. Every value, from every source, goes
 through its knob's one parser. The result remembers which source every value came from, so the
@@ -137,7 +137,7 @@ def load_file(path: str, source: str = "flag", field: str = "--" + flag_defs.CON
 
 def with_mode_defaults(config: "SyncConfig", mode: str) -> "SyncConfig":
     """`config` as a run in `mode` has it: ``mode`` set, and knobs at their default take that
-    mode's default (:attr:`~tfsyncmodes.knobs.Knob.mode_defaults`)."""
+    mode's default (:attr:`~tfsyncmodes.knob_types.Knob.mode_defaults`)."""
     values = {knob.key: knob.default_for(mode) for knob in KNOBS
               if knob.key != "mode" and config.sources.get(knob.key, "default") == "default"}
     return dataclasses.replace(config, mode=mode, **values)

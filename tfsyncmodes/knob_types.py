@@ -1,4 +1,4 @@
-"""The knobs' parsers, and when a knob applies.
+"""What a knob is (:class:`Knob`), its parsers, and when it applies.
 
 One parser per knob serves every source: a flag, a ``TFSYNC_*`` variable, a config-file key, a
 code argument, a saved optimizer. A parser takes the raw value (text, or a YAML / Python value)
@@ -221,3 +221,38 @@ def given(key: str, *accepted: str, modes: Tuple[str, ...] = ("hybrid",), text: 
     """Applies in `modes` when knob `key` is one of `accepted`."""
     return When(modes=modes, test=lambda values, mode: values[key] in accepted,
                 text=text or f"{key}={' or '.join(accepted)}", keys=(key,))
+
+
+ENV_PREFIX = "TFSYNC_"
+FLAG_PREFIX = "sync_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """A configuration value: its key, default, parser, help and when it applies."""
+
+    key: str
+    default: Any
+    parse: Parser
+    help: str
+    applies: When = ALWAYS
+    mode_defaults: Tuple[Tuple[str, Any], ...] = ()  # (mode, default) where a mode's differs
+
+    @property
+    def flag(self) -> str:
+        return FLAG_PREFIX + self.key
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.key.upper()
+
+    @property
+    def modes(self) -> Tuple[str, ...]:
+        """The modes it can apply in (empty: every mode)."""
+        return self.applies.modes
+
+    def default_for(self, mode: str) -> Any:
+        return dict(self.mode_defaults).get(mode, self.default)
+
+    def used_by(self, mode: str) -> bool:
+        return not self.modes or mode in self.modes

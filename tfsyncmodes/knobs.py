@@ -10,48 +10,14 @@ one place per-mode defaults are declared, and :func:`tfsyncmodes.config.resolve`
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping, Tuple
 
 from tfsyncmodes import registry
 from tfsyncmodes import schedule as schedule_lib
-from tfsyncmodes.knob_types import (ALWAYS, Boolean, Choice, Number, Parser, Text, When, given, modes,
-                                    rank_groups, schedule, slow_worker)
+from tfsyncmodes.knob_types import (ENV_PREFIX, FLAG_PREFIX, Boolean, Choice, Knob, Number, Text, When, given,
+                                    modes, rank_groups, schedule, slow_worker)
 
-ENV_PREFIX = "TFSYNC_"
-FLAG_PREFIX = "sync_"
 BUILTIN_MODES = ("sync", "async", "hybrid", "auto")  # the modes whose knobs are known here
-
-
-@dataclasses.dataclass(frozen=True)
-class Knob:
-    """A configuration value: its key, default, parser, help and when it applies."""
-
-    key: str
-    default: Any
-    parse: Parser
-    help: str
-    applies: When = ALWAYS
-    mode_defaults: Tuple[Tuple[str, Any], ...] = ()  # (mode, default) where a mode's differs
-
-    @property
-    def flag(self) -> str:
-        return FLAG_PREFIX + self.key
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.key.upper()
-
-    @property
-    def modes(self) -> Tuple[str, ...]:
-        """The modes it can apply in (empty: every mode)."""
-        return self.applies.modes
-
-    def default_for(self, mode: str) -> Any:
-        return dict(self.mode_defaults).get(mode, self.default)
-
-    def used_by(self, mode: str) -> bool:
-        return not self.modes or mode in self.modes
 
 
 def _local_steps_refused(text: str):
