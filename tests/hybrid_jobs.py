@@ -39,7 +39,13 @@ ELASTIC = {  # EASGD: the paper's default alpha (0.9 / 2 groups) dense; alpha 0.
     "elastic_topk": {"compression": "topk", "topk_ratio": 0.25, "period": 3, "warmup_steps": 1,
                      "cross_group": "elastic", "elastic_alpha": 0.3},
 }
-KERAS3 = {**SCENARIOS, **AS_PERIODIC, **ELASTIC}  # one job runs them all
+QUANTIZED = {  # the quantizing compressions across groups: one scale over the model's vector, and
+    # per tensor (--sync_compression_per_tensor: the kernel's and the bias's own scale and selection)
+    "periodic_int8": {"compression": "int8", "period": 2, "cross_group": "periodic", "local_steps": "fixed"},
+    "stale_topk_int4_per_tensor": {"compression": "topk_int4", "topk_ratio": 0.25, "staleness": 0,
+                                   "cross_group": "stale", "compression_per_tensor": True},
+}
+KERAS3 = {**SCENARIOS, **AS_PERIODIC, **ELASTIC, **QUANTIZED}  # one job runs them all
 
 
 # --sync_local_steps=auto with rank 1 slowed 4x: its group runs fewer inner steps per round than

@@ -114,14 +114,18 @@ def outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr, outer_m
     return (anchor + np.float32(1.0 if outer_lr == "auto" else outer_lr) * mean_change).astype(np.float32), velocity
 
 
-def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
+def _cross_group_send(updates, residuals, compression, ratio, error_feedback, roundtrip=None):
     """Each group's update through error feedback and the compressor. Returns, per group, what
-    it sent (decompressed) and the sum of what the other groups sent. Updates `residuals`."""
+    it sent (decompressed) and the sum of what the other groups sent. Updates `residuals`.
+    `roundtrip(update) -> dense`: what another (sparse, allgathered) compression sends."""
     size = updates[0].size
     wire, sent = [], []
     for g, update in enumerate(updates):
         compensated = (update + residuals[g]).astype(np.float32) if error_feedback else update
-        if compression == "topk":
+        if roundtrip is not None:
+            dense = roundtrip(compensated)
+            wire.append(dense)
+        elif compression == "topk":
             dense = topk_decompress(*topk_compress(compensated, ratio), size)
             wire.append(dense)
         elif compression == "fp16":
@@ -133,7 +137,7 @@ def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
         sent.append(dense)
         if error_feedback and compression != "none":
             residuals[g] = (compensated - dense).astype(np.float32)
-    if compression == "topk":
+    if compression == "topk" or roundtrip is not None:
         others = [np.sum([w for h, w in enumerate(wire) if h != g], axis=0, dtype=np.float32)
                   for g in range(len(updates))]
     else:  # an allreduce in the payload's dtype, minus this group's part
@@ -147,7 +151,7 @@ def _cross_group_send(updates, residuals, compression, ratio, error_feedback):
 def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0.01,
                     error_feedback=True, staleness=0, cross_group="stale", warmup_steps=0, lr=LR,
                     consensus=True, schedule=None, staleness_aware_lr=True, outer_optimizer="average",
-                    outer_lr="auto", outer_momentum="auto", elastic_alpha="auto", period=1):
+                    outer_lr="auto", outer_momentum="auto", elastic_alpha="auto", period=1, roundtrip=None):
     """SGD in hybrid mode, step by step in float32; returns each group's [kernel, bias],
     with `consensus`, at the end every group holds the mean over all ranks (the final model average).
 
@@ -168,7 +172,8 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     differences to the center go through error feedback and the compressor, the center moves
     by alpha x their sum, then each group moves groups x alpha of the way to the new center
     (alpha auto: 0.9 / groups); at the end every group holds the center. (`staleness` acts
-    through `schedule`, under stale only.)
+    through `schedule`, under stale only.) `roundtrip`: a quantizing compression's replay (see
+    :func:`_cross_group_send`).
     """
     start = [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     size = _flat(start).size
@@ -188,7 +193,7 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
             updates = means
         else:
             rounds.append(_cross_group_send(means, residuals, compression, topk_ratio,
-                                            error_feedback)[1])
+                                            error_feedback, roundtrip)[1])
             late = []
             for g in range(len(groups)):
                 if step < warmup_steps or schedule is None:
@@ -207,14 +212,14 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
         params = [_unflat(_flat(params[g]) - lr * updates[g], start) for g in range(len(groups))]
         if cross_group == "periodic" and ((step + 1) % period == 0 or step < warmup_steps):
             deltas = [_flat(p) - anchor for p in params]
-            sent, others = _cross_group_send(deltas, residuals, compression, topk_ratio, error_feedback)
+            sent, others = _cross_group_send(deltas, residuals, compression, topk_ratio, error_feedback, roundtrip)
             mean_change = ((sent[0] + others[0]) / np.float32(len(groups))).astype(np.float32)
             anchor, velocity = outer_step(anchor, velocity, mean_change, outer_optimizer, outer_lr,
                                           resolved_outer_momentum(outer_momentum, period))
             params = [_unflat(anchor, start) for _ in groups]
         if cross_group == "elastic" and ((step + 1) % period == 0 or step < warmup_steps):
             params, anchor = elastic_round(params, anchor, residuals, compression, topk_ratio,
-                                           error_feedback, elastic_alpha, start)
+                                           error_feedback, elastic_alpha, start, roundtrip)
     if cross_group == "elastic" and consensus and len(groups) > 1:
         return [_unflat(anchor, start) for _ in groups]
     if not consensus or len(groups) == 1:
@@ -224,7 +229,7 @@ def hybrid_training(kernel, bias, x, y, groups, compression="none", topk_ratio=0
     return [consensus for _ in groups]
 
 
-def elastic_round(params, center, residuals, compression, ratio, error_feedback, alpha, like):
+def elastic_round(params, center, residuals, compression, ratio, error_feedback, alpha, like, roundtrip=None):
     """One EASGD round across groups (``--sync_cross_group=elastic``): returns the groups' models
     and the center after it. The center moves by alpha x the sum of the groups' compressed
     differences to it (as the policy adds them: its own payload + the others'), then each
@@ -233,7 +238,7 @@ def elastic_round(params, center, residuals, compression, ratio, error_feedback,
     alpha = 0.9 / groups if alpha == "auto" else alpha
     keep = np.float32(1.0 - groups * alpha)  # what is left of a group's distance to the center
     deltas = [_flat(p) - center for p in params]
-    sent, others = _cross_group_send(deltas, residuals, compression, ratio, error_feedback)
+    sent, others = _cross_group_send(deltas, residuals, compression, ratio, error_feedback, roundtrip)
     center = (center + np.float32(alpha) * (sent[0] + others[0]).astype(np.float32)).astype(np.float32)
     return [_unflat(center + keep * (_flat(p) - center), like) for p in params], center
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from tests import reference
+from tests import reference, reference_compression as ref
 from tests.conftest import PYTHON, REPO, clean_env
 from tests.hybrid_jobs import (AS_PERIODIC, AUTO_PARTIAL, AUTO_STEPS, ELASTIC, FIXED_STEPS, KERAS3, SCENARIOS,
                                KERAS3_SHARED, keras3_job, run_scenarios)
@@ -357,9 +357,17 @@ def rounds_schedule(workers, knobs, steps):
 
 def numpy_knobs(knobs):
     """The knobs the fixed-schedule reference takes (local_steps fixed: every `period` steps;
-    the scenarios pin the period and the fixed schedule, whatever hybrid's defaults)."""
+    the scenarios pin the period and the fixed schedule, whatever hybrid's defaults); a
+    quantizing compression as its replay (per tensor: the kernel's entries, then the bias's)."""
     assert knobs.get("local_steps") == "fixed" or knobs.get("cross_group") != "periodic", knobs
-    return {k: v for k, v in knobs.items() if k not in ("groups", "local_steps")}
+    picked = {k: v for k, v in knobs.items() if k not in ("groups", "local_steps", "compression_per_tensor")}
+    name, ratio = knobs.get("compression", "none"), knobs.get("topk_ratio", 0.01)
+    if knobs.get("compression_per_tensor"):
+        sizes = [reference.FEATURES * reference.OUTPUTS, reference.OUTPUTS]
+        picked["roundtrip"] = lambda flat: ref.per_tensor_roundtrip(flat, sizes, name, ratio)[0]
+    elif "int" in name:
+        picked["roundtrip"] = lambda flat: ref.quantized_roundtrip(flat, name, ratio)[0]
+    return picked
 
 
 def check_against_numpy(workers, knobs, steps, tolerance):
@@ -422,6 +430,12 @@ def test_hybrid_keras3_two_groups_of_two_equal_numpy(tmp_path_factory):
             w = results[name][rank]
             assert float(w["bytes_sent"]) == pytest.approx(sent), (name, rank)
             assert float(w["compression_ratio"]) == pytest.approx(ratio or sent / (4 * size))
+    # The quantizing payloads go whole from every rank: int8's codes and one (lo, scale) a round
+    # (2 rounds in 4 steps); per tensor each tensor's codes, scale, packed indices a step.
+    ones = np.ones(size, np.float32)
+    per_tensor = ref.per_tensor_roundtrip(ones, [size - reference.OUTPUTS, reference.OUTPUTS], "topk_int4", 0.25)[1]
+    for name, want in (("periodic_int8", (size + 8) * 2 / steps), ("stale_topk_int4_per_tensor", per_tensor)):
+        assert [float(w["bytes_sent"]) for w in results[name]] == pytest.approx([want] * 4), name
     check_as_periodic_and_elastic(results, "periodic_topk", steps)
 
 

@@ -248,3 +248,56 @@ def test_the_index_kernels_refuse_indices_out_of_order_or_range_and_counts_that_
         unpack_indices(low, tf.constant([3, 0], tf.int32), 100_000, native)
     with pytest.raises(tf.errors.InvalidArgumentError, match="3 counts are not a whole number of 2 blocks"):
         unpack_indices(low, tf.constant([1, 1, 0], tf.int32), 100_000, native)
+
+
+@pytest.mark.parametrize("name", ["int8", "int2", "topk_int4", "topk"])
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_per_tensor_compresses_each_tensor_of_the_vector_on_its_own(name, implementation):
+    """Hybrid's --sync_compression_per_tensor: a scale (a selection) per tensor, empty tensors
+    skipped; several ranks' joined payloads decompress to their sum; a fragment goes whole."""
+    from tfsyncmodes.exchange.compressors import payload_bytes
+    from tfsyncmodes.exchange.flat import TensorContext
+    from tfsyncmodes.exchange.per_tensor import PerTensor
+
+    sizes = [3000, 0, 70_000, 7]
+    layers = tuple(TensorContext(f"t{i}", (size,)) for i, size in enumerate(sizes))
+    whole = TensorContext("flat", (sum(sizes),), layers)
+    extra = {"ratio": 0.05} if name.startswith("topk") else {}
+    compressor = PerTensor(make(name, implementation=implementation, **extra))
+    assert compressor.sparse and not compressor.lossless
+    flats = [sample(whole.size, seed) for seed in range(3)]
+    flats[0][3000:] *= 1e-3  # a tensor of small changes keeps a scale (a selection) of its own
+
+    def roundtrip(flat):
+        parts = np.split(flat, np.cumsum(sizes)[:-1])
+        if name == "topk":
+            dense = [reference.topk_decompress(*reference.topk_compress(p, 0.05), p.size) if p.size else p
+                     for p in parts]
+            return np.concatenate(dense), sum(8 * int(np.ceil(0.05 * p.size)) for p in parts if p.size)
+        return ref.per_tensor_roundtrip(flat, [s for s in sizes if s], name, 0.05)
+
+    payloads = [compressor.compress(tf.constant(f), whole) for f in flats]
+    want, wire = roundtrip(flats[0])
+    np.testing.assert_array_equal(compressor.decompress(payloads[0], whole).numpy(), want)
+    assert int(payload_bytes(payloads[0])) == wire == sum(
+        int(np.prod(shape)) * dtype.size for dtype, shape in compressor.payload_spec(whole))
+    np.testing.assert_array_equal(compressor.sent_mask(payloads[0], whole).numpy(), (want != 0).astype(np.float32))
+    # One scale (selection) over the whole vector loses the small tensors' changes.
+    flat_only = (reference.topk_decompress(*reference.topk_compress(flats[0], 0.05), whole.size) if name == "topk"
+                 else ref.quantized_roundtrip(flats[0], name, 0.05)[0])
+    if name.startswith("topk"):  # over the vector only their outliers are selected; per tensor 5 %
+        sent = [int(np.count_nonzero(got[3000:])) for got in (flat_only, want)]
+        assert sent[0] < 0.02 * 70_000 and sent[1] >= 0.05 * 70_000, sent
+    else:
+        error = [np.median(np.abs(got[3000:] - flats[0][3000:])) for got in (flat_only, want)]
+        assert error[0] > 10 * error[1], error
+    joined = tuple(tf.concat([p[i] for p in payloads], 0) for i in range(len(payloads[0])))
+    total = np.zeros(whole.size, np.float32)
+    for f in flats:
+        total = (total + roundtrip(f)[0]).astype(np.float32)
+    np.testing.assert_array_equal(compressor.decompress(joined, whole).numpy(), total)
+    fragment = whole.part(100, 5100, "fragment_0")  # a block of entries: no tensors, compressed whole
+    inner = make(name, implementation=implementation, **extra)
+    np.testing.assert_array_equal(
+        compressor.decompress(compressor.compress(tf.constant(flats[1][100:5100]), fragment), fragment).numpy(),
+        inner.decompress(inner.compress(tf.constant(flats[1][100:5100]), fragment), fragment).numpy())

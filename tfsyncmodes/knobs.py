@@ -47,6 +47,13 @@ def _dgc(values) -> bool:
     return bool(values["dgc"]) and values["compression"] in TOPK
 
 
+def _per_tensor(values, mode) -> bool:
+    if mode == "hybrid":
+        return values["compression"] in TOPK + QUANTIZED
+    shared = values["compression"] == "topk" and values["topk_shared_indices"]
+    return values["compression"] != "none" and not _dgc(values) and not shared
+
+
 _DGC = When(("sync",), lambda v, m: _dgc(v), "mode=sync with dgc on and a Top-K compression",
             ("dgc", "compression"))
 
@@ -149,14 +156,15 @@ KNOBS: Tuple[Knob, ...] = (
          When(("sync",), lambda v, m: v["compression"] == "topk", "mode=sync with compression=topk",
               ("compression",))),
     Knob("compression_per_tensor", False, Boolean(),
-         "Sync with a compression: each gradient compressed, sent and decompressed on its own as "
-         "it comes (one scale or one Top-K selection, and one residual, per tensor), as Horovod's "
-         "compression does, instead of the whole model as one vector (one payload, one scale or "
-         "selection over every entry). Not with dgc, nor with topk_shared_indices under topk.",
-         When(("sync",), lambda v, m: (v["compression"] != "none" and not _dgc(v)
-                                       and not (v["compression"] == "topk" and v["topk_shared_indices"])),
-              "mode=sync with a compression, without dgc or topk_shared_indices",
-              ("compression", "dgc", "topk_shared_indices"))),
+         "Each tensor compressed on its own (one scale or one Top-K selection per tensor), as "
+         "Horovod's compression does, instead of the whole model as one vector. Sync: each "
+         "gradient compressed, sent and decompressed on its own as it comes, with a residual of "
+         "its own (not with dgc, nor with topk_shared_indices under topk). Hybrid: the model's "
+         "change still crosses as one vector, one payload of every tensor's part (a Top-K or "
+         "quantizing compression; a streaming fragment is compressed whole).",
+         When(("sync", "hybrid"), lambda v, m: _per_tensor(v, m),
+              "mode=sync with a compression, without dgc or topk_shared_indices; mode=hybrid with a "
+              "Top-K or quantizing compression", ("compression", "dgc", "topk_shared_indices"))),
     Knob("quantize_sigma", 6.0, Number(float, 0.0, 1e3, above=True),
          "A quantizing compression's range is the tensor's own, clipped to mean +- this many "
          "standard deviations (INTELLECT-1 uses 6); what is clipped stays in the error feedback.",

@@ -24,7 +24,7 @@ from tfsyncmodes.exchange.outer import momentum_for_period
 from tfsyncmodes.exchange.policies import CrossGroupPolicy, PeriodicAverage
 from tfsyncmodes.exchange.streaming import StreamingAverage
 from tfsyncmodes.exchange.warmup import SparsityWarmup
-from tfsyncmodes.knobs import TOPK
+from tfsyncmodes.knobs import QUANTIZED, TOPK
 
 
 def _settings(cls, **settings) -> dict:
@@ -70,11 +70,16 @@ def sparsity_warmup(config) -> Optional[SparsityWarmup]:
     return SparsityWarmup(config.dgc_warmup_steps) if config.dgc_warmup_steps else None
 
 
-def per_tensor(config) -> bool:
-    """``--sync_compression_per_tensor``: sync compresses each gradient on its own (not with
-    DGC's corrections or shared Top-K indices, where the knob has no effect)."""
+def per_tensor(config, mode: str) -> bool:
+    """``--sync_compression_per_tensor`` in `mode`'s exchange: sync compresses each gradient on
+    its own (not with DGC's corrections or shared Top-K indices, where the knob has no effect);
+    hybrid each tensor of its flat vector (a Top-K or quantizing compression)."""
+    if not config.compression_per_tensor:
+        return False
+    if mode == "hybrid":
+        return config.compression in TOPK + QUANTIZED
     shared = config.compression == "topk" and config.topk_shared_indices
-    return bool(config.compression_per_tensor) and not dgc_on(config) and not shared
+    return not dgc_on(config) and not shared
 
 
 def memory(config, chosen: Compressor) -> Memory:

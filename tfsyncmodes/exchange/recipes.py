@@ -12,7 +12,9 @@ ask here; neither repeats the dispatch.
   sparsity warm-up around it (:mod:`~tfsyncmodes.exchange.dgc`).
 - ``async``: the step's version record and the staleness remedies (:func:`async_exchange`).
 - ``hybrid``: the dense group mean, then the cross-group policy over a cross-group link
-  (:func:`~tfsyncmodes.exchange.hybrid.hybrid_chain`), over the strategy's `groups`.
+  (:func:`~tfsyncmodes.exchange.hybrid.hybrid_chain`), over the strategy's `groups`; with
+  ``--sync_compression_per_tensor`` its compressor on each tensor of the model's vector
+  (:class:`~tfsyncmodes.exchange.per_tensor.PerTensor`).
 - a run that switches modes (a switch plan in force): one chain per mode behind a
   :class:`~tfsyncmodes.exchange.switchable.SwitchableExchange`.
 
@@ -38,6 +40,7 @@ from tfsyncmodes.exchange.hybrid import cross_group_link, hybrid_chain
 from tfsyncmodes.exchange.knob_settings import (compressor, cross_group_policy, dgc_clip, dgc_masking, dgc_momentum,
                                                dgc_on, discounts_late_updates, memory, per_tensor, period,
                                                sparsity_warmup, stale_bound)
+from tfsyncmodes.exchange.per_tensor import PerTensor
 from tfsyncmodes.exchange.remedies import DelayCompensation, StaleUpdateDrop
 from tfsyncmodes.exchange.staleness import ClipByGlobalNorm, InverseTimeDecay, StalenessScaling
 from tfsyncmodes.exchange.switchable import SwitchableExchange
@@ -135,7 +138,7 @@ def sync_exchange(config, groups=None) -> Chain:
     clip = dgc_clip(config, size) if dgc else None
     remembers = MomentumCorrection(dgc_momentum(config), dgc_masking(config)) if dgc else memory(config, chosen)
     exchange = CompressedAllreduce(chosen, remembers, communicators.across_world(chosen, (rank, size)),
-                                   per_tensor=per_tensor(config))
+                                   per_tensor=per_tensor(config, "sync"))
     return Chain(*[part for part in (clip, exchange, warmup) if part is not None])
 
 
@@ -154,6 +157,8 @@ def hybrid(config, groups=None) -> Chain:
                           "call tfsyncmodes.make_strategy('hybrid') first and wrap with "
                           "strategy.wrap(optimizer) or inside strategy.scope()")
     chosen = compressor(config)
+    if per_tensor(config, "hybrid"):
+        chosen = PerTensor(chosen)
     policy = registry.CROSS_GROUP.get(config.cross_group, *knob_field(config, "cross_group"))
     warmup_steps = config.warmup_steps
     link = cross_group_link(groups, chosen, memory(config, chosen),
