@@ -266,16 +266,24 @@ def owned_processes():
     return owned
 
 
+def processes_left(seconds: float = 10.0):
+    """The owned processes still running after up to `seconds` (a killed process may take a
+    moment to exit on a loaded machine); [] as soon as there are none."""
+    deadline = time.monotonic() + seconds
+    alive = owned_processes()
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = owned_processes()
+    return alive
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
     """Every test must leave no child process behind."""
     yield
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        alive = owned_processes()
-        if not alive:
-            return
-        time.sleep(0.2)
+    alive = processes_left()
+    if not alive:
+        return
     names = [f"{p.pid}:{' '.join(p.cmdline())[:80]}" for p in alive]
     for p in alive:
         p.kill()

@@ -175,6 +175,7 @@ def test_losing_a_worker_keeps_the_run_going_with_an_exact_step_count(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.solo  # it judges time: the chief's own error within seconds of the loss
 @pytest.mark.timeout(400)
 def test_losing_a_ps_stops_with_a_clear_error_and_a_rerun_resumes(tmp_path):
     epochs = 6  # the kill at epoch 4; the rerun trains what is left

@@ -355,4 +355,5 @@ def test_first_bytes_sends_a_small_packet_ahead_of_the_bulk_data_queued_on_a_lin
             rtts.setdefault(first_bytes, []).append(float(client.stdout.strip()))
     # The request's packet (60 bytes) waits behind the queued bulk data in one queue, and
     # passes it in the queue of its own.
-    assert rtts[128][0] < 0.005 and min(rtts[0]) > 0.01, rtts
+    # (Relative, not a fixed time: a loaded machine adds its wake-ups to both.)
+    assert rtts[128][0] * 4 < min(rtts[0]) and min(rtts[0]) > 0.01, rtts

@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import OWNER, OWNER_VAR, PYTHON, REPO, WORKERS, clean_env, owned_processes, run_checked
+from tests.conftest import OWNER, OWNER_VAR, PYTHON, REPO, WORKERS, clean_env, processes_left, run_checked
 from tfsync_testbed import localrun
 
 EPOCHS = 5
@@ -166,7 +166,7 @@ def test_async_resumes_after_its_chief_is_killed(tmp_path):
     # launcher's SIGTERM (-15) would come; nothing of the run is left.
     assert {statuses[t] for t in ("ps:0", "worker:0", "worker:1")} == {"0"}, output[-3000:]
     assert len(re.findall(r"chief 127\.0\.0\.1:\d+ is gone; exiting", output)) == 3, output[-3000:]
-    assert [p.pid for p in owned_processes()] == []
+    assert [p.pid for p in processes_left()] == []
     first_losses = epoch_losses(output)
     assert len(first_losses) >= completed - 1, output[-3000:]
 

@@ -9,7 +9,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import PYTHON, REPO, clean_env, owned_processes
+from tests.conftest import PYTHON, REPO, clean_env, processes_left
 from tests import events
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.switching.phases import checkpoint, plan
@@ -190,7 +190,7 @@ def test_sync_async_sync_through_the_launcher(tmp_path):
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
     assert "[launch] phase 1/3: async on a cluster of 1 worker(s) and 1 ps" in result.stdout
     assert "[launch] all 3 phases done" in result.stdout
-    assert not owned_processes()  # every rank, task and launcher has exited
+    assert not processes_left()  # every rank, task and launcher has exited
     # and no port of the async phase's cluster is still listening (in this network namespace:
     # where the launcher made a private one, that namespace has gone with its processes).
     ports = {int(address.rsplit(":", 1)[1]) for line in result.stdout.splitlines() if line.startswith("[launch] cluster ")
@@ -254,4 +254,4 @@ def test_a_users_own_script_runs_a_schedule_through_async(tmp_path):
     losses = [e["loss"] for e in history["epochs"]]
     assert losses[0] > losses[1] > losses[2]  # each phase trains on from the last one's model
     assert sorted(os.listdir(tmp_path / "run")) == ["logs", "phase-0-sync", "phase-1-async", "phase-2-sync"]
-    assert not owned_processes()
+    assert not processes_left()

@@ -56,9 +56,17 @@ def main(outdir):
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         strategy.fit(model, dataset_fn_writing_to(folder), epochs=1, steps_per_epoch=STEPS, verbose=0,
                      input_options=options)
-        time.sleep(1.0)  # a worker that reads ahead has done so by now
-        made = [f for f in os.listdir(folder) if not f.startswith("worker-1-")]
-        counts[name] = {"made": len(made), "steps": int(np.asarray(model.optimizer.iterations))}
+        steps = int(np.asarray(model.optimizer.iterations))
+
+        def made():
+            return len([f for f in os.listdir(folder) if not f.startswith("worker-1-")])
+
+        # A worker that reads ahead has done so within seconds (up to 30 on a loaded machine);
+        # one that reads no batch ahead makes none in a pause of a second either.
+        deadline = time.monotonic() + (30.0 if options is None else 1.0)
+        while time.monotonic() < deadline and not (options is None and made() > steps):
+            time.sleep(0.05)
+        counts[name] = {"made": made(), "steps": steps}
     with open(os.path.join(outdir, "counts.json"), "w") as out:
         json.dump(counts, out)
 

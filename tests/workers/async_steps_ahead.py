@@ -22,8 +22,9 @@ import numpy as np
 
 FEATURES, BATCH, STEPS, EPOCHS, LR, PAUSE = 8, 16, 12, 3, 0.01, 1.5
 WAIT_LIMIT = 30.0  # seconds the callback waits at most for the steps ahead: a loaded machine is slow
-STEP_SLEEPS = (0.2, 1.0)  # seconds a batch takes on worker 0 and on worker 1: worker 0 runs
-# fewer than 6 steps while worker 1 runs one, so worker 1 takes one of 6 steps ahead
+STEP_SLEEPS = (0.5, 2.5)  # seconds a batch takes on worker 0 and on worker 1: worker 0 runs
+# fewer than 6 steps while worker 1 runs one, so worker 1 takes one of 6 steps ahead, and the
+# steps ahead take seconds to land (a loaded machine's chief may begin its callback late)
 STOPPED_STEP_SLEEPS = (0.4, 0.4)  # the stopped fit's: still running when its callback stops it
 
 

@@ -60,12 +60,12 @@ def train(outdir, prefix, strategy, optimizer, steps):
              compression_ratio=history.history.get("compression_ratio", [-1.0])[-1])
 
 
-def let_the_timeline_drain(quiet_seconds=1.0, limit_seconds=20.0):
+def let_the_timeline_drain(quiet_seconds=3.0, limit_seconds=30.0):
     """Waits until Horovod's timeline file (HOROVOD_TIMELINE, written by rank 0) has stopped
-    growing for `quiet_seconds`. Horovod's shutdown stops its timeline writer without writing the
-    records still queued (horovod/common/timeline.cc, TimelineWriter::Shutdown), so a job that
-    exits at once can lose its last steps' events: a loaded run once counted 1 grouped
-    allreduce of 3."""
+    growing for `quiet_seconds` (its writer thread, starved on a loaded machine, may pause for
+    a second). Horovod's shutdown stops its timeline writer without writing the records still
+    queued (horovod/common/timeline.cc, TimelineWriter::Shutdown), so a job that exits at once
+    can lose its last steps' events: a loaded run once counted 1 grouped allreduce of 3."""
     path = os.environ.get("HOROVOD_TIMELINE")
     if not path:
         return
