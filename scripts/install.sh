@@ -47,7 +47,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.tfsyncmodes-install"
 native="$repo/tfsyncmodes/exchange/native"
 ops_lib="$native/_tfsync_ops.so"
-inputs=$( (cat "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$horovod_patch" "$native"/*.cc "$native"/*.h; echo "$flavour") | sha256sum | cut -d' ' -f1)
+inputs=$( (cat "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$horovod_patch" "$repo/tfsyncmodes/exchange/kernels.py" "$native"/*.cc "$native"/*.h; echo "$flavour") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ] && [ -f "$ops_lib" ] \
     && "$venv/bin/python" -c 'import horovod.tensorflow, tfsyncmodes' >/dev/null 2>&1; then
   say "already installed in ${venv#$repo/} (delete $stamp to force a reinstall)"

@@ -5,6 +5,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -47,12 +48,16 @@ def test_the_first_use_builds_the_kernels_into_the_cache_once_and_they_are_exact
     np.testing.assert_array_equal(values.astype(np.float32), flat[indices])
 
 
-def test_the_cache_is_per_tensorflow_version_under_the_users_cache(monkeypatch, tmp_path):
+def test_the_cache_is_per_tensorflow_version_and_sources_under_the_users_cache(monkeypatch, tmp_path):
+    digest = hashlib.sha256(b"".join(open(source, "rb").read()
+                                     for source in kernels.SOURCES + kernels.HEADERS)).hexdigest()[:16]
+    assert {os.path.basename(source) for source in kernels.SOURCES} >= {"topk_ops.cc", "quantize_ops.cc",
+                                                                          "index_ops.cc"}
     monkeypatch.delenv("TFSYNC_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert kernels.cache_dir() == str(tmp_path / "tfsyncmodes" / f"tf-{tf.__version__}")
+    assert kernels.cache_dir() == str(tmp_path / "tfsyncmodes" / f"tf-{tf.__version__}" / digest)
     monkeypatch.setenv("TFSYNC_CACHE_DIR", str(tmp_path / "mine"))
-    assert kernels.cache_dir() == str(tmp_path / "mine" / f"tf-{tf.__version__}")
+    assert kernels.cache_dir() == str(tmp_path / "mine" / f"tf-{tf.__version__}" / digest)
 
 
 def test_a_library_built_from_other_sources_is_not_used(tmp_path):
@@ -71,6 +76,17 @@ def test_a_library_built_from_other_sources_is_not_used(tmp_path):
                                                                        "built on first use")
     (tmp_path / ("installed.so" + kernels.DIGEST)).write_text(digest + "\n")
     assert kernels.locate(prebuilt=str(installed), cache=str(cache)) == (str(installed), "built at install")
+
+
+def test_a_library_without_one_of_the_ops_is_not_taken():
+    """The install's library has every op these sources register; one built before a kernel
+    was added lacks it, and load() turns such a library down with its name (not a crash when a
+    compressor first calls the op)."""
+    module, how = kernels.load()
+    assert module is not None and kernels.missing_ops(module) == [], how
+    earlier = types.SimpleNamespace(tfsync_top_k_magnitude=None, tfsync_scatter_dense=None,
+                                    tfsync_quantize=None, tfsync_dequantize=None)
+    assert kernels.missing_ops(earlier) == ["tfsync_pack_indices", "tfsync_unpack_indices"]
 
 
 def test_without_a_compiler_or_with_the_build_off_there_is_no_library_and_the_reason(monkeypatch, tmp_path):

@@ -7,11 +7,12 @@ compiler (``$CXX``, else ``g++``) and TensorFlow's own compile and link flags in
 per TensorFlow version::
 
     $TFSYNC_CACHE_DIR  (else $XDG_CACHE_HOME/tfsyncmodes, else ~/.cache/tfsyncmodes)
-        tf-2.21.0/_tfsync_ops.so
-        tf-2.21.0/_tfsync_ops.so.sources   (the digest of the sources it was built from)
+        tf-2.21.0/<digest>/_tfsync_ops.so           (the first 16 hex digits of the sources' SHA-256)
+        tf-2.21.0/<digest>/_tfsync_ops.so.sources   (the whole digest)
 
-A library whose digest is not the sources' (built by an earlier version of the package) is not
-used: the cache's is built again, and the install's gives way to the cache's. Ranks that start together build once: the build holds a file lock, and the library appears
+A library is stamped with the digest of the sources it was built from; one whose stamp is not
+these sources' (an earlier version's) is not used, and the install's then gives way to the
+cache's. A library without one of the ops these sources register is not loaded either. Ranks that start together build once: the build holds a file lock, and the library appears
 under its final name only when complete. ``TFSYNC_BUILD_KERNELS=0`` turns the build off; when
 it is off, or fails (no compiler, no headers), :func:`locate` says why and the compressors use
 TensorFlow ops (the same result, slower). The build turns off floating-point contraction: a
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import glob
 import hashlib
 import os
 import shlex
@@ -31,8 +33,10 @@ from typing import Optional, Tuple
 import tensorflow as tf
 
 NATIVE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
-SOURCES = tuple(os.path.join(NATIVE_DIR, name) for name in ("topk_ops.cc", "quantize_ops.cc", "index_ops.cc"))
-HEADERS = tuple(os.path.join(NATIVE_DIR, name) for name in ("quantize_rule.h", "quantize_simd.h"))
+SOURCES = tuple(sorted(glob.glob(os.path.join(NATIVE_DIR, "*.cc"))))  # as scripts/install.sh compiles them
+HEADERS = tuple(sorted(glob.glob(os.path.join(NATIVE_DIR, "*.h"))))
+OPS = ("tfsync_top_k_magnitude", "tfsync_scatter_dense", "tfsync_quantize", "tfsync_dequantize",
+       "tfsync_pack_indices", "tfsync_unpack_indices")  # what a library of these sources registers
 LIBRARY = "_tfsync_ops.so"
 DIGEST = ".sources"  # next to a library: the digest of the sources it was built from
 IMPLEMENTATIONS = ("auto", "native", "ops")
@@ -40,10 +44,12 @@ BUILD_TIMEOUT_S = 600
 
 
 def cache_dir() -> str:
-    """Where kernels built on first use are kept, one folder per TensorFlow version."""
+    """Where kernels built on first use are kept: a folder per TensorFlow version and, in it,
+    per digest of the sources, so that installs of different versions sharing a cache never
+    overwrite each other's library."""
     root = os.environ.get("TFSYNC_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tfsyncmodes")
-    return os.path.join(root, f"tf-{tf.__version__}")
+    return os.path.join(root, f"tf-{tf.__version__}", (sources_digest() or "sources-unknown")[:16])
 
 
 def sources_digest(sources: Tuple[str, ...] = SOURCES + HEADERS) -> Optional[str]:
@@ -122,6 +128,11 @@ def locate(prebuilt: Optional[str] = os.path.join(NATIVE_DIR, LIBRARY),
     return library, "built on first use, now"
 
 
+def missing_ops(module) -> list:
+    """The ops of :data:`OPS` a loaded library's module does not have."""
+    return [op for op in OPS if not hasattr(module, op)]
+
+
 @functools.lru_cache(maxsize=None)
 def load() -> Tuple[Optional[object], str]:
     """(the kernels' module, where it came from) or (None, why there is none). Loaded once per
@@ -131,9 +142,13 @@ def load() -> Tuple[Optional[object], str]:
     if library is None:
         return None, how
     try:
-        return tf.load_op_library(library), f"{library}, {how}"
+        module = tf.load_op_library(library)
     except (tf.errors.NotFoundError, OSError) as error:  # built for another TensorFlow
         return None, f"{library} does not load: {str(error).splitlines()[0]}"
+    missing = missing_ops(module)
+    if missing:  # an earlier build whose sources could not be compared
+        return None, f"{library} has no {missing[0]} (built from earlier sources: run scripts/install.sh again)"
+    return module, f"{library}, {how}"
 
 
 def choose(implementation: str, part: str):
