@@ -1,10 +1,11 @@
 """The compiled kernels (Top-K, quantization, packed indices): where they are found, their build
 on first use, and the one load per process.
 
-``scripts/install.sh`` compiles ``native/*.cc`` into one library next to their sources. A ``pip install`` user has only the sources (they ship as
-package data), so the first process that asks for the kernels compiles them with the C++
-compiler (``$CXX``, else ``g++``) and TensorFlow's own compile and link flags into a cache kept
-per TensorFlow version::
+``scripts/install.sh`` compiles ``native/*.cc`` into one library next to their sources. A
+``pip install`` user has only the sources (they ship as package data), so the first process
+that asks for the kernels compiles them with the C++ compiler (``$CXX``, else ``g++``) and
+TensorFlow's own compile and link flags into a cache kept per TensorFlow version and per
+digest of the sources::
 
     $TFSYNC_CACHE_DIR  (else $XDG_CACHE_HOME/tfsyncmodes, else ~/.cache/tfsyncmodes)
         tf-2.21.0/<digest>/_tfsync_ops.so           (the first 16 hex digits of the sources' SHA-256)
@@ -12,11 +13,12 @@ per TensorFlow version::
 
 A library is stamped with the digest of the sources it was built from; one whose stamp is not
 these sources' (an earlier version's) is not used, and the install's then gives way to the
-cache's. A library without one of the ops these sources register is not loaded either. Ranks that start together build once: the build holds a file lock, and the library appears
-under its final name only when complete. ``TFSYNC_BUILD_KERNELS=0`` turns the build off; when
-it is off, or fails (no compiler, no headers), :func:`locate` says why and the compressors use
-TensorFlow ops (the same result, slower). The build turns off floating-point contraction: a
-fused multiply-add rounds once where the quantization rule rounds twice.
+cache's. A library without one of the ops these sources register is not loaded either. Ranks
+that start together build once: the build holds a file lock, and the library appears under its
+final name only when complete. ``TFSYNC_BUILD_KERNELS=0`` turns the build off; when it is off,
+or fails (no compiler, no headers), :func:`locate` says why and the compressors use TensorFlow
+ops (the same result, slower). The build turns off floating-point contraction: a fused
+multiply-add rounds once where the quantization rule rounds twice.
 """
 from __future__ import annotations
 

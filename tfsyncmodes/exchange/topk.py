@@ -5,7 +5,7 @@ towards the lower index, as a stable sort by decreasing magnitude and as ``tf.ma
 
 ``native``
     Two small CPU kernels (``native/topk_ops.cc``) compiled against the installed TensorFlow
-    by ``scripts/install.sh``, or on first use into a cache per TensorFlow version
+    by ``scripts/install.sh``, or on first use into a cache per TensorFlow version and sources
     (:mod:`~tfsyncmodes.exchange.kernels`): the selection in one pass
     over the update (SSE2 comparisons of 16 entries into a bit mask) that keeps the entries
     above a sampled threshold, ``nth_element`` among those ~1.3 k candidates for the exact k-th,
