@@ -19,10 +19,10 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
+#include "sized_op.h"
+
 namespace {
 
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
@@ -59,11 +59,9 @@ REGISTER_OP("TfsyncUnpackIndices")
       return absl::OkStatus();
     });
 
-class PackIndicesOp : public OpKernel {
+class PackIndicesOp : public tfsync::SizedOp {
  public:
-  explicit PackIndicesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &size_));
-  }
+  using SizedOp::SizedOp;
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& indices = ctx->input(0);
@@ -88,16 +86,11 @@ class PackIndicesOp : public OpKernel {
       ++count[in[i] / kBlock];
     }
   }
-
- private:
-  int size_;
 };
 
-class UnpackIndicesOp : public OpKernel {
+class UnpackIndicesOp : public tfsync::SizedOp {
  public:
-  explicit UnpackIndicesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &size_));
-  }
+  using SizedOp::SizedOp;
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& low = ctx->input(0);
@@ -125,9 +118,6 @@ class UnpackIndicesOp : public OpKernel {
     OP_REQUIRES(ctx, at == n,
                 absl::InvalidArgumentError(absl::StrCat("the counts add up to ", at, ", not the ", n, " low parts")));
   }
-
- private:
-  int size_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfsyncPackIndices").Device(tensorflow::DEVICE_CPU), PackIndicesOp);

@@ -33,6 +33,8 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/platform/threadpool.h"
 
+#include "sized_op.h"
+
 namespace {
 
 using tensorflow::OpKernel;
@@ -208,11 +210,9 @@ class TopKMagnitudeOp : public OpKernel {
   float margin_;
 };
 
-class ScatterDenseOp : public OpKernel {
+class ScatterDenseOp : public tfsync::SizedOp {
  public:
-  explicit ScatterDenseOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("size", &size_));
-  }
+  using SizedOp::SizedOp;
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& values = ctx->input(0);
@@ -232,9 +232,6 @@ class ScatterDenseOp : public OpKernel {
       out[idx[i]] += v[i];
     }
   }
-
- private:
-  int size_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfsyncTopKMagnitude").Device(tensorflow::DEVICE_CPU), TopKMagnitudeOp);
