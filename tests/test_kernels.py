@@ -22,7 +22,8 @@ def test_the_first_use_builds_the_kernels_into_the_cache_once_and_they_are_exact
     library, how = kernels.locate(prebuilt=None, cache=str(tmp_path))
     assert (library, how) == (str(tmp_path / kernels.LIBRARY), "built on first use, now")
     # No scratch left; the library stamped with its sources' digest.
-    assert sorted(os.listdir(tmp_path)) == [kernels.LIBRARY, kernels.LIBRARY + ".lock", kernels.LIBRARY + kernels.DIGEST]
+    assert sorted(os.listdir(tmp_path)) == [kernels.LIBRARY, kernels.LIBRARY + ".lock",
+                                            kernels.LIBRARY + kernels.DIGEST]
     assert (tmp_path / (kernels.LIBRARY + kernels.DIGEST)).read_text().strip() == hashlib.sha256(
         b"".join(open(source, "rb").read() for source in kernels.SOURCES + kernels.HEADERS)).hexdigest()
     built = os.stat(library).st_mtime_ns

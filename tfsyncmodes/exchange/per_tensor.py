@@ -48,27 +48,21 @@ class PerTensor(Compressor):
             if layer.size:
                 parts.append((offset, TensorContext(f"{ctx.name}.{i}", (layer.size,))))
             offset += layer.size
-        return parts
+        return parts or [(0, ctx)]
 
     def _split(self, payload: Payload, ctx: TensorContext):
-        """Each tensor's (offset, context, payload) of a joined `payload`."""
+        """Each tensor's (context, payload) of a joined `payload`."""
         at = 0
-        for offset, part in self.tensors(ctx):
+        for _, part in self.tensors(ctx):
             count = len(self.inner.payload_spec(part))
-            yield offset, part, tuple(payload[at:at + count])
+            yield part, tuple(payload[at:at + count])
             at += count
 
-    def _join(self, pieces, ctx: TensorContext) -> tf.Tensor:
-        """One dense vector of `ctx` from each tensor's (offset, context, dense), zeros where
-        none is (an empty tensor)."""
-        parts, at = [], 0
-        for offset, part, dense in pieces:
-            if offset > at:
-                parts.append(tf.zeros([offset - at], tf.float32))
-            parts.append(tf.reshape(tf.cast(dense, tf.float32), [part.size]))
-            at = offset + part.size
-        if at < ctx.size:
-            parts.append(tf.zeros([ctx.size - at], tf.float32))
+    @staticmethod
+    def _join(pieces) -> tf.Tensor:
+        """One dense float32 vector of each tensor's (context, dense), in order (the tensors
+        cover the vector: empty ones add nothing)."""
+        parts = [tf.reshape(tf.cast(dense, tf.float32), [part.size]) for part, dense in pieces]
         return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
 
     def compress(self, flat, ctx):
@@ -78,12 +72,10 @@ class PerTensor(Compressor):
         return payload
 
     def decompress(self, payload, ctx):
-        return self._join([(offset, part, self.inner.decompress(piece, part))
-                           for offset, part, piece in self._split(payload, ctx)], ctx)
+        return self._join((part, self.inner.decompress(piece, part)) for part, piece in self._split(payload, ctx))
 
     def sent_mask(self, payload, ctx):
-        return self._join([(offset, part, self.inner.sent_mask(piece, part))
-                           for offset, part, piece in self._split(payload, ctx)], ctx)
+        return self._join((part, self.inner.sent_mask(piece, part)) for part, piece in self._split(payload, ctx))
 
     def payload_spec(self, ctx):
         return [spec for _, part in self.tensors(ctx) for spec in self.inner.payload_spec(part)]
