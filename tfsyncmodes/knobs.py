@@ -47,7 +47,8 @@ def _dgc(values) -> bool:
     return bool(values["dgc"]) and values["compression"] in TOPK
 
 
-def _per_tensor(values, mode) -> bool:
+def per_tensor_applies(values: Mapping[str, Any], mode: str) -> bool:
+    """Whether compression_per_tensor acts in `mode`'s exchange, given the compression knobs."""
     if mode == "hybrid":
         return values["compression"] in TOPK + QUANTIZED
     shared = values["compression"] == "topk" and values["topk_shared_indices"]
@@ -162,7 +163,7 @@ KNOBS: Tuple[Knob, ...] = (
          "its own (not with dgc, nor with topk_shared_indices under topk). Hybrid: the model's "
          "change still crosses as one vector, one payload of every tensor's part (a Top-K or "
          "quantizing compression; a streaming fragment is compressed whole).",
-         When(("sync", "hybrid"), lambda v, m: _per_tensor(v, m),
+         When(("sync", "hybrid"), per_tensor_applies,
               "mode=sync with a compression, without dgc or topk_shared_indices; mode=hybrid with a "
               "Top-K or quantizing compression", ("compression", "dgc", "topk_shared_indices"))),
     Knob("quantize_sigma", 6.0, Number(float, 0.0, 1e3, above=True),

@@ -24,7 +24,7 @@ from tfsyncmodes.exchange.outer import momentum_for_period
 from tfsyncmodes.exchange.policies import CrossGroupPolicy, PeriodicAverage
 from tfsyncmodes.exchange.streaming import StreamingAverage
 from tfsyncmodes.exchange.warmup import SparsityWarmup
-from tfsyncmodes.knobs import QUANTIZED, TOPK
+from tfsyncmodes.knobs import TOPK, per_tensor_applies
 
 
 def _settings(cls, **settings) -> dict:
@@ -71,15 +71,11 @@ def sparsity_warmup(config) -> Optional[SparsityWarmup]:
 
 
 def per_tensor(config, mode: str) -> bool:
-    """``--sync_compression_per_tensor`` in `mode`'s exchange: sync compresses each gradient on
-    its own (not with DGC's corrections or shared Top-K indices, where the knob has no effect);
-    hybrid each tensor of its flat vector (a Top-K or quantizing compression)."""
-    if not config.compression_per_tensor:
-        return False
-    if mode == "hybrid":
-        return config.compression in TOPK + QUANTIZED
-    shared = config.compression == "topk" and config.topk_shared_indices
-    return not dgc_on(config) and not shared
+    """``--sync_compression_per_tensor`` in `mode`'s exchange, where the knob's rule lets it act:
+    sync compresses each gradient on its own (not with DGC's corrections or shared Top-K
+    indices); hybrid each tensor of its flat vector (a Top-K or quantizing compression)."""
+    knobs = {key: getattr(config, key) for key in ("compression", "dgc", "topk_shared_indices")}
+    return bool(config.compression_per_tensor) and per_tensor_applies(knobs, mode)
 
 
 def memory(config, chosen: Compressor) -> Memory:
