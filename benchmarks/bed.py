@@ -66,6 +66,9 @@ flags.DEFINE_float("queue_ms", 50.0, "The longest a packet may wait in a host's 
 flags.DEFINE_integer("first_bytes", 0, "Queue every host's packets under this many bytes apart and send them "
                      "first (1024: requests, replies and acknowledgements, as a host's flow queuing keeps them from "
                      "waiting behind bulk data; tfsync_testbed/shaping.py); 0: one queue, as every earlier file.")
+flags.DEFINE_integer("flow_queues", 0, f"Queue each connection apart on every host, served in turn ({shaping.FLOWS}: "
+                     "classes by the ports, as a Linux host's fq_codel keeps connections apart; "
+                     "tfsync_testbed/shaping.py); 0: one queue, as every earlier file.")
 flags.DEFINE_bool("tcp_slow_start_after_idle", True, "The hosts' net.ipv4.tcp_slow_start_after_idle (the "
                   "kernel's default, 1: a connection idle for a retransmission timeout starts slow again).")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
@@ -100,6 +103,11 @@ def check() -> None:
         bad("ps_link", f"{FLAGS.ps_link} for the ps hosts but no async run", "add async to --modes, or leave --ps_link out")
     if not shaping.first_bytes_ok(FLAGS.first_bytes):
         bad("first_bytes", f"{FLAGS.first_bytes} is not accepted", "use 0 (one queue) or a power of two from 64 to 4096, e.g. 128")
+    if not shaping.flows_ok(FLAGS.flow_queues):
+        bad("flow_queues", f"{FLAGS.flow_queues} is not accepted", f"use 0 (one queue) or {shaping.FLOWS}")
+    if FLAGS.flow_queues and FLAGS.first_bytes:
+        bad("flow_queues", "flow queues and --first_bytes are two ways to queue a host's packets",
+            "use one of them (the other at 0)")
     if not (math.isfinite(FLAGS.queue_ms) and FLAGS.queue_ms >= 1):
         bad("queue_ms", f"{FLAGS.queue_ms} is not accepted", "use milliseconds >= 1 (tbf's default here: 50)")
     if not (math.isfinite(FLAGS.step_ms) and FLAGS.step_ms >= 1):
@@ -200,7 +208,8 @@ def main(argv):
             ssh.SshMesh(bed, tmp) as mesh:
         def shape(link, hosts=None):
             bed.shape(cal.tc_rate(link, FLAGS.step_ms), burst=cal.tc_burst(link, FLAGS.step_ms),
-                      latency=f"{FLAGS.queue_ms:g}ms", hosts=hosts, first_bytes=FLAGS.first_bytes)
+                      latency=f"{FLAGS.queue_ms:g}ms", hosts=hosts, first_bytes=FLAGS.first_bytes,
+                      flows=FLAGS.flow_queues)
 
         shape(FLAGS.link)
         if FLAGS.ps_link:  # the hosts after the ranks' hold the chief and the ps tasks
@@ -267,6 +276,7 @@ def write(runs: dict, measured: float) -> None:
               "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
               "tcp_slow_start_after_idle": FLAGS.tcp_slow_start_after_idle, "queue_ms": FLAGS.queue_ms, "batch_size": FLAGS.batch_size, "first_bytes": FLAGS.first_bytes,
+              "flow_queues": FLAGS.flow_queues,
               "ps_link": FLAGS.ps_link or FLAGS.link,
               "transient_window_s": list(cal.transient_window_seconds(TRAIN_SAMPLES // FLAGS.batch_size * FLAGS.epochs,
                                                                       FLAGS.ranks, FLAGS.link, FLAGS.step_ms)),

@@ -21,6 +21,7 @@ def section(result: dict, name: str) -> str:
     more_flags += "" if result.get("ps_link", link) == link else f" --ps_link={result['ps_link']}"
     more_flags += "" if result.get("queue_ms", 50.0) == 50.0 else f" --queue_ms={result['queue_ms']:g}"
     more_flags += f" --first_bytes={result['first_bytes']}" if result.get("first_bytes") else ""
+    more_flags += f" --flow_queues={result['flow_queues']}" if result.get("flow_queues") else ""
     more_flags += "" if result.get("tcp_slow_start_after_idle", True) else " --notcp_slow_start_after_idle"
     more_flags += f" --extra_flags='{result['extra_flags']}'" if result.get("extra_flags") else ""
     lines = [f"## Emulated cluster bed: {ranks} ranks, link {link} ({compute} compute)", "",

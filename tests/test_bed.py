@@ -108,6 +108,8 @@ def test_a_bed_counts_each_links_drops_and_resends_and_sets_sysctls_per_host():
     ("bed", ["--ps=2", "--modes=sync"], "flag: --ps: 2 parameter servers but no async run"),
     ("bed", ["--ps_link=100gbit", "--modes=sync"], "flag: --ps_link: 100gbit for the ps hosts but no async run"),
     ("bed", "--first_bytes=100", "flag: --first_bytes: 100 is not accepted; use 0 (one queue) or a power of two"),
+    ("bed", "--flow_queues=8", "flag: --flow_queues: 8 is not accepted; use 0 (one queue) or 16"),
+    ("bed", ["--flow_queues=16", "--first_bytes=1024"], "flag: --flow_queues: flow queues and --first_bytes are two ways"),
     ("bed", "--extra_flags=--seed=one", "flag: --extra_flags: its --seed is not a whole number"),
     ("bed", "--extra_flags=--seed one", "flag: --extra_flags: its --seed is not a whole number"),
     ("breakeven", "--ranks=3", "flag: --ranks: 3 is not accepted; use 2, 4 or 8"),
@@ -182,6 +184,8 @@ def test_a_rendered_section_names_the_flags_its_run_was_taken_with():
     assert "--ps_link" not in command
     data.update(ps_link="100gbit", batch_size=16, first_bytes=128)
     assert " --batch_size=16 --ps_link=100gbit --queue_ms=10 --first_bytes=128 " in section(data, "x").split("`")[1]
+    data.update(first_bytes=0, flow_queues=16)
+    assert " --queue_ms=10 --flow_queues=16 " in section(data, "x").split("`")[1]
 
 
 def test_a_bed_shapes_only_the_hosts_it_is_given():
@@ -318,7 +322,8 @@ if sys.argv[1] == "serve":
         if not data: break
         echo.sendall(data)
 else:
-    bulk = socket.create_connection((sys.argv[2], 5202)); echo = socket.create_connection((sys.argv[2], 5202))
+    ports = [int(p) for p in sys.argv[3:5]] or [0, 0]  # the client ports (0: the kernel's)
+    bulk, echo = (socket.create_connection((sys.argv[2], 5202), source_address=("", p)) for p in ports)
     echo.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     chunk, end = b"x" * (1 << 16), time.perf_counter() + 4
     threading.Thread(target=lambda: [bulk.sendall(chunk) for _ in iter(lambda: time.perf_counter() < end, False)],
@@ -357,3 +362,35 @@ def test_first_bytes_sends_a_small_packet_ahead_of_the_bulk_data_queued_on_a_lin
     # passes it in the queue of its own.
     # (Relative, not a fixed time: a loaded machine adds its wake-ups to both.)
     assert rtts[128][0] * 4 < min(rtts[0]) and min(rtts[0]) > 0.01, rtts
+
+
+def test_flow_queues_keep_a_connection_apart_from_another_ones_queued_bulk_data():
+    reason = why_no_bed()
+    if reason:
+        pytest.skip(reason)
+    from benchmarks.linkrate import link_rate
+
+    rtts = {}
+    with netns.HostBed(2) as bed:
+        a, b = bed.hosts
+        # The bulk stream and the echo both connect to B's port 5202 (low nibble 2), from client
+        # ports whose low nibbles differ (0 and 5: classes 2 and 7) or agree (0 and 0: one class);
+        # fresh ports every run (a closed connection's port waits a while).
+        runs = ((0, ("40000", "40005")), (16, ("40032", "40037")), (16, ("40064", "40080")))
+        for flows, ports in runs:
+            bed.shape("4mbit", burst="16kb", latency="200ms", flows=flows)
+            server = b.popen([PYTHON, "-c", ECHO_UNDER_LOAD, "serve", b.address], stdout=subprocess.PIPE, text=True)
+            try:
+                server.stdout.readline()
+                client = a.run([PYTHON, "-c", ECHO_UNDER_LOAD, "send", b.address, *ports], timeout=60)
+            finally:
+                server.kill()
+                server.wait()
+            assert client.returncode == 0, client.stderr[-2000:]
+            rtts[flows, ports[1]] = float(client.stdout.strip())
+        rate = link_rate(bed) * 8  # one connection alone still has the whole link
+    one_queue, apart, together = rtts[0, "40005"], rtts[16, "40037"], rtts[16, "40080"]
+    # The echo waits behind the bulk data in one queue, and in a class the bulk stream shares;
+    # in a class of its own it is served at its turn, ahead of the bulk's queued data.
+    assert apart * 4 < min(one_queue, together) and min(one_queue, together) > 0.01, rtts
+    assert 3.4e6 < rate < 4.4e6, rate

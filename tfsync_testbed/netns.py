@@ -234,16 +234,18 @@ class HostBed:
                 time.sleep(0.1)
 
     def shape(self, rate: Optional[str], burst: str = "256kb", latency: str = "50ms",
-              hosts: Optional[Sequence["Host"]] = None, first_bytes: int = 0) -> None:
+              hosts: Optional[Sequence["Host"]] = None, first_bytes: int = 0, flows: int = 0) -> None:
         """Rate-limits the outgoing traffic on the bridge of every host (or of `hosts`) to `rate`
         (e.g. "100mbit"); None removes the limit. One queue holds up to `latency` of the rate;
-        with `first_bytes`, packets under that many bytes go first (:mod:`tfsync_testbed.shaping`)."""
-        commands = [] if rate is None else shaping.tc_commands(rate, burst, latency, first_bytes)
+        with `first_bytes`, packets under that many bytes go first; with `flows`, each
+        connection has a queue of its own (:mod:`tfsync_testbed.shaping`)."""
+        commands = [] if rate is None else shaping.tc_commands(rate, burst, latency, first_bytes, flows)
+        batch = "".join(" ".join(command) + "\n" for command in commands)
         for host in self.hosts if hosts is None else hosts:
             subprocess.run(host.wrap(["tc", "qdisc", "del", "dev", IFACE, "root"]), timeout=30,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for command in commands:
-                subprocess.run(host.wrap(["tc", *command]), check=True, timeout=30)
+            if commands:  # one tc for them all (a flow tree is some 300 commands)
+                subprocess.run(host.wrap(["tc", "-batch", "-"]), input=batch, text=True, check=True, timeout=30)
 
     def sysctl(self, name: str, value: str) -> None:
         """Sets a network sysctl in every host (each namespace has its own, e.g.
