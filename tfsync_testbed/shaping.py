@@ -84,7 +84,8 @@ def flow_commands(rate: str, burst: str, latency: str) -> List[List[str]]:
     leaf = [f"1:{0x100 + k:x}" for k in range(FLOWS)]
     u32 = ["filter", "add", *dev, "parent", "1:", "prio", "1", "protocol", "ip"]
     commands = [["qdisc", "add", *dev, "root", "handle", "1:", "htb", "default", f"{0x100:x}"],
-                ["class", "add", *dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "burst", burst, "cburst", burst]]
+                ["class", "add", *dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "burst", burst, "cburst", burst,
+                 "quantum", "1514"]]  # (an inner class's quantum is unused; this keeps tc from warning)
     for k, classid in enumerate(leaf):
         commands += [["class", "add", *dev, "parent", "1:1", "classid", classid, "htb", "rate", f"{int(bits / FLOWS)}bit",
                       "ceil", rate, "burst", burst, "cburst", burst, "prio", "1", "quantum", "1514"],
