@@ -393,4 +393,4 @@ def test_flow_queues_keep_a_connection_apart_from_another_ones_queued_bulk_data(
     # The echo waits behind the bulk data in one queue, and in a class the bulk stream shares;
     # in a class of its own it is served at its turn, ahead of the bulk's queued data.
     assert apart * 4 < min(one_queue, together) and min(one_queue, together) > 0.01, rtts
-    assert 3.4e6 < rate < 4.4e6, rate
+    assert 2e6 < rate < 4.4e6, rate  # a class alone is guaranteed 0.25 Mbit/s and borrows the rest
