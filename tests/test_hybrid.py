@@ -134,6 +134,33 @@ def test_group_layouts_and_their_columns():
     assert layout(4, groups=[[0, 1], [2, 3]]).groups == ((0, 1), (2, 3))
 
 
+def test_one_group_of_every_rank_is_named_in_one_line_and_two_groups_are_not():
+    from tfsyncmodes.exchange.groups import one_group_line
+
+    def line(world, local=None, **knobs):
+        config = config_lib.resolve(knobs, environ={}, use_flags=False)
+        return one_group_line(layout(world, local, **knobs), config)
+
+    assert line(4).startswith("tfsyncmodes: hybrid: one group of all 4 ranks (one group per host, on one host): "
+                              "every step is one dense allreduce, as in sync; set --sync_group_size")
+    assert "(group size 4)" in line(4, group_size=4)
+    assert "(the groups listed are one)" in line(2, groups="0,1")
+    assert line(4, group_size=2) is None and line(8, local=4) is None and line(1) is None
+
+
+@pytest.mark.slow  # horovodrun -np 2
+@pytest.mark.timeout(150)
+def test_hybrid_on_one_host_with_one_group_per_host_says_so_once_and_trains():
+    command = localrun.horovodrun_command(2, [PYTHON, os.path.join(REPO, "scripts", "train.py"),
+                                              "--sync_mode=hybrid", "--epochs=1"])
+    result = localrun.run(command, timeout=130, env=clean_env(), cwd=REPO)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    lines = [line for line in output.splitlines() if "hybrid: one group of all 2 ranks" in line]
+    assert len(lines) == 1 and lines[0].startswith("[0]") and "(one group per host, on one host)" in lines[0], lines
+    assert "test accuracy:" in output
+
+
 @pytest.mark.parametrize("knobs, world, words", [
     ({"group_size": 3}, 4, ["argument", "group_size", "3 does not divide the world size 4", "divisor of 4"]),
     ({}, 6, ["local_size", "4 does not divide the world size 6"]),

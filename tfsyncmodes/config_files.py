@@ -30,7 +30,8 @@ MODES = {
     "hybrid": ("hybrid mode: horovodrun ranks form groups that average gradients densely every "
                "step; across groups, the groups' models are averaged every period steps (or "
                "exchanged in the background, at most staleness steps late).",
-               "horovodrun -np 4 python scripts/train.py --sync_config=configs/hybrid.yaml"),
+               "horovodrun -np 4 python scripts/train.py --sync_config=configs/hybrid.yaml (on one host add "
+               "--sync_group_size=2: one group per host makes one group there)"),
 }
 WIDTH = 96
 

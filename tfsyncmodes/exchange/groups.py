@@ -13,7 +13,7 @@ with equal sizes the mean over groups of the group means is also the mean over a
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import Optional, Tuple
 
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.knobs import KNOBS_BY_KEY
@@ -92,6 +92,20 @@ def layout_from_config(config, world_size: int, local_size: int) -> GroupLayout:
         raise ConfigError(source, field, f"{size} does not divide the world size {world_size}",
                           f"use a divisor of {world_size}, or list groups with --sync_groups")
     return GroupLayout(tuple(tuple(range(s, s + size)) for s in range(0, world_size, size)))
+
+
+def one_group_line(layout: GroupLayout, config) -> Optional[str]:
+    """The line a run's chief logs when hybrid's groups are one group of every rank (nothing
+    then crosses groups: each step is one dense allreduce, as in sync); None otherwise."""
+    if layout.num_groups > 1 or layout.world_size < 2:
+        return None
+    if config.groups:
+        why = "the groups listed are one"
+    else:
+        why = "one group per host, on one host" if config.group_size == "host" else f"group size {layout.world_size}"
+    return (f"tfsyncmodes: hybrid: one group of all {layout.world_size} ranks ({why}): every step is one dense "
+            "allreduce, as in sync; set --sync_group_size (e.g. 2) or --sync_groups for groups that exchange "
+            "across")
 
 
 @dataclasses.dataclass(frozen=True)

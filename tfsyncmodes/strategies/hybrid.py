@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+from absl import logging
+
 from tfsyncmodes.cluster import HorovodEnv
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
@@ -49,6 +51,9 @@ class HybridStrategy(HorovodStrategy):
                                   "hybrid job (its commits count steps, which every rank must run alike)",
                                   "use fixed, or turn elastic off")
         self.layout = groups_lib.layout_from_config(config, horovod_env.size, horovod_env.local_size)
+        one_group = groups_lib.one_group_line(self.layout, config)
+        if one_group and horovod_env.rank == 0 and not config.elastic:  # (elastic: groups change with the world)
+            logging.warning("%s", one_group)
         # Horovod starts here (process sets are declared at its start): its timeouts first.
         self.gloo_timeouts = horovod_start.gloo_timeouts(config)
         self._groups = start_groups(self.layout, dynamic=config.elastic, timeouts=self.gloo_timeouts)

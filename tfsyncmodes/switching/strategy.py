@@ -13,6 +13,8 @@ import os
 import time
 from typing import List, Optional, Sequence
 
+from absl import logging
+
 from tfsyncmodes.cluster import HorovodEnv
 from tfsyncmodes.config import SyncConfig
 from tfsyncmodes.errors import ConfigError
@@ -59,6 +61,9 @@ class SwitchingStrategy(HorovodStrategy):
                 self._sets_added = False
             else:
                 self._groups = start_groups(self.layout)
+                one_group = groups_lib.one_group_line(self.layout, hybrid)
+                if one_group and horovod_env.rank == 0:  # (a policy's groups are chosen at its switch)
+                    logging.warning("%s", one_group)
         super().__init__(config)
 
     @property
