@@ -133,10 +133,12 @@ def test_a_rerun_after_a_lost_process_resumes_from_the_last_completed_epoch(tmp_
     assert len(first_losses) >= completed - 1, output[-3000:]  # the last line may die with the job
 
     weights_dir = tmp_path / "weights"
-    run_checked(command(backend, tmp_path, tmp_path / "resumed.json"), timeout=300,
-                RESUME_WEIGHTS_DIR=weights_dir)
+    rerun = run_checked(command(backend, tmp_path, tmp_path / "resumed.json"), timeout=300,
+                        RESUME_WEIGHTS_DIR=weights_dir)
     resumed = json.loads((tmp_path / "resumed.json").read_text())
     check_resumed(resumed, first_losses, completed, EPOCHS, STEPS_PER_EPOCH)
+    said = [line for line in (rerun.stdout + rerun.stderr).splitlines() if "tfsyncmodes: resumed from" in line]
+    assert len(said) == 1 and said[0].endswith(f"at epoch {completed + 1} of {EPOCHS}"), said  # the writer only
     assert resumed["test_accuracy"] > 0.9
     processes = {"horovod": ["rank0", "rank1"], "hybrid": ["rank0", "rank1"], "mirrored": ["single"],
                  "multi_worker": ["chief0", "worker0"]}[backend]
@@ -145,9 +147,11 @@ def test_a_rerun_after_a_lost_process_resumes_from_the_last_completed_epoch(tmp_
         assert len(other) == len(weights[0]) and all(np.array_equal(a, b) for a, b in zip(weights[0], other))
 
     if backend in ("horovod", "mirrored"):  # the same backup callback in every mode: one check is enough
-        run_checked(command(backend, tmp_path, tmp_path / "again.json"), timeout=240)
+        finished = run_checked(command(backend, tmp_path, tmp_path / "again.json"), timeout=240)
         again = json.loads((tmp_path / "again.json").read_text())
         assert again["epochs_run"] == [] and again["steps"] == EPOCHS * STEPS_PER_EPOCH  # finished: no restart
+        said = [line for line in (finished.stdout + finished.stderr).splitlines() if "has every epoch done" in line]
+        assert len(said) == 1 and "so this fit trained nothing" in said[0], said
 
 
 def exit_statuses(output):

@@ -9,11 +9,16 @@ weights and the epoch are each written to a temporary file and renamed into plac
 killed while writing leaves the previous backup whole (tf_keras' checkpoint manager already
 does so): the weights go to a file named by the epoch, and the epoch's record, written last,
 names that file, so weights and epoch always come from the same save.
+
+The process that writes says in one line where a fit resumed (its first epoch, when not the
+first), and, when the backup left nothing to train, that the fit trained nothing and why.
 """
 from __future__ import annotations
 
 import json
 import os
+
+from absl import logging
 
 from tfsyncmodes.keras.compat import LEGACY, keras
 
@@ -27,6 +32,24 @@ class ResumeFromBackup(keras.callbacks.BackupAndRestore):
     def __init__(self, backup_dir: str, writes=True):
         super().__init__(backup_dir, delete_checkpoint=False)
         self.writes = writes
+        self._epochs_begun = 0
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self._epochs_begun = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        if self._epochs_begun == 0 and epoch > 0 and self.writes is not False:
+            logging.info("tfsyncmodes: resumed from %s at epoch %d of %s", self.backup_dir, epoch + 1,
+                         (self.params or {}).get("epochs", "?"))
+        self._epochs_begun += 1
+
+    def on_train_end(self, logs=None):
+        super().on_train_end(logs)
+        if self._epochs_begun == 0 and self.writes is not False and os.path.isdir(self.backup_dir):
+            logging.warning("tfsyncmodes: the backup in %s has every epoch done, so this fit trained nothing "
+                            "(remove it, or give another model directory, to train anew)", self.backup_dir)
 
     if LEGACY:
         def on_epoch_end(self, epoch, logs=None):
