@@ -159,6 +159,20 @@ def test_auto_under_a_controlled_straggler_switches_to_hybrid_after_its_profile(
     assert 0 < per_group[0] < per_group[1], per_group
 
 
+@pytest.mark.slow  # horovodrun -np 2
+@pytest.mark.timeout(200)
+def test_auto_whose_run_ends_before_its_profile_says_it_trained_in_sync(tmp_path):
+    """One epoch of 22 steps against a profile of 2 windows of 15 steps: no pick, and one line."""
+    command = localrun.horovodrun_command(2, [PYTHON, TRAIN, "--sync_mode=auto", "--epochs=1",
+                                              "--sync_switch_interval=15", f"--model_dir={tmp_path / 'run'}"])
+    result = run_checked(command, timeout=180)
+    said = [line for line in result.stderr.splitlines() if "auto: the run ended" in line]
+    assert len(said) == 1 and said[0].startswith("[0]"), said
+    assert said[0].split("tfsyncmodes: ")[1].startswith("auto: the run ended after 22 steps, before its 30-step "
+                                                        "profile: it trained in sync throughout"), said
+    assert "] auto: predicted" not in result.stderr and "switched sync" not in result.stderr
+
+
 def test_auto_outside_horovodrun_is_plain_sync_and_says_why():
     """Not under horovodrun there is no in-process switching: auto makes sync's strategy, with no
     policy, and logs one line that says so."""

@@ -11,7 +11,8 @@ figures, and every rank computes the same :class:`~tfsyncmodes.switching.auto.Ch
 one with the pick. A pick of hybrid switches at that step boundary (the groups rebuilt as the
 straggler policy rebuilds them) and stays: the pick priced the link as well as the straggler,
 so a straggler that leaves is no reason to go back. A pick of sync leaves the run to the
-straggler policy's windows from then on.
+straggler policy's windows from then on. A run that ends before its profile's last step trains
+in sync throughout, and the chief says so in one line.
 """
 from __future__ import annotations
 
@@ -36,6 +37,13 @@ class AutoSwitch(StragglerSwitch):
         self.group_size = group_size
         self.profile_steps = config.switch_interval * config.switch_patience
         self.choice: Optional[auto.Choice] = None
+
+    def on_train_end(self, logs=None):
+        if self.choice is None and self._is_chief():
+            logging.warning("tfsyncmodes: auto: the run ended after %d steps, before its %d-step profile: it trained "
+                            "in sync throughout (a shorter profile: --sync_switch_interval, --sync_switch_patience)",
+                            self._step, self.profile_steps)
+        super().on_train_end(logs)
 
     def _decide(self, batch, policy=None):
         if self.choice is None:
