@@ -188,7 +188,8 @@ def test_sync_async_sync_through_the_launcher(tmp_path):
                "--batch_size=32", "--learning_rate=0.1"]
     result = localrun.run(command, timeout=660, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-4000:]
-    assert "[launch] phase 1/3: async on a cluster of 1 worker(s) and 1 ps" in result.stdout
+    assert "[launch] phase 0 (phases 0-2): sync on horovodrun -np 2" in result.stdout
+    assert "[launch] phase 1 (phases 0-2): async on a cluster of 1 worker(s) and 1 ps" in result.stdout
     assert "[launch] all 3 phases done" in result.stdout
     assert not processes_left()  # every rank, task and launcher has exited
     # and no port of the async phase's cluster is still listening (in this network namespace:

@@ -116,7 +116,9 @@ class PhaseRunner:
                 if self.stop_reason:
                     self.say(f"{self.stop_reason}; stopping before phase {index}")
                     return 124 if self.stop_reason == "timeout" else 130
-                status = self._phase(index, modes[index], len(modes) if index else None, directory)
+                # phase 0's count is the text's; the plan phase 0 writes gives the rest theirs
+                status = self._phase(index, modes[index], len(modes) if index else len(schedule_modes(text)),
+                                     directory)
                 if status != 0:
                     self.say(f"phase {index} ({modes[index]}) ended with status {status}; stopping")
                     return status
@@ -137,9 +139,9 @@ class PhaseRunner:
             if not keep:
                 shutil.rmtree(directory, ignore_errors=True)
 
-    def _phase(self, index: int, mode: str, count: Optional[int], directory: str) -> int:
+    def _phase(self, index: int, mode: str, count: int, directory: str) -> int:
         os.environ.update({ENV_PHASE: str(index), ENV_DIR: directory, ENV_MODE: mode})
-        of = f"/{count}" if count else ""
+        of = f" (phases 0-{count - 1})"
         if mode in HOROVOD_MODES:
             ranks = self.args.np or self.args.workers
             self.say(f"phase {index}{of}: {mode} on horovodrun -np {ranks}")
