@@ -339,25 +339,31 @@ else:
 """
 
 
+def echo_under_load(bed, *ports: str) -> float:
+    """The median round trip of an 8-byte echo from host A to B while a bulk stream from A keeps
+    data queued on A's link (`ports`: the two connections' client ports; none: the kernel's)."""
+    a, b = bed.hosts
+    server = b.popen([PYTHON, "-c", ECHO_UNDER_LOAD, "serve", b.address], stdout=subprocess.PIPE, text=True)
+    try:
+        server.stdout.readline()
+        client = a.run([PYTHON, "-c", ECHO_UNDER_LOAD, "send", b.address, *ports], timeout=60)
+    finally:
+        server.kill()
+        server.wait()
+    assert client.returncode == 0, client.stderr[-2000:]
+    return float(client.stdout.strip())
+
+
 def test_first_bytes_sends_a_small_packet_ahead_of_the_bulk_data_queued_on_a_link():
     reason = why_no_bed()
     if reason:
         pytest.skip(reason)
     rtts = {}
     with netns.HostBed(2) as bed:
-        a, b = bed.hosts
         for first_bytes in (0, 128, 0):
             # 4 Mbit/s and a queue of up to 200 ms: a bulk stream keeps data queued on A's link.
             bed.shape("4mbit", burst="16kb", latency="200ms", first_bytes=first_bytes)
-            server = b.popen([PYTHON, "-c", ECHO_UNDER_LOAD, "serve", b.address], stdout=subprocess.PIPE, text=True)
-            try:
-                server.stdout.readline()
-                client = a.run([PYTHON, "-c", ECHO_UNDER_LOAD, "send", b.address], timeout=60)
-            finally:
-                server.kill()
-                server.wait()
-            assert client.returncode == 0, client.stderr[-2000:]
-            rtts.setdefault(first_bytes, []).append(float(client.stdout.strip()))
+            rtts.setdefault(first_bytes, []).append(echo_under_load(bed))
     # The request's packet (60 bytes) waits behind the queued bulk data in one queue, and
     # passes it in the queue of its own.
     # (Relative, not a fixed time: a loaded machine adds its wake-ups to both.)
@@ -372,22 +378,13 @@ def test_flow_queues_keep_a_connection_apart_from_another_ones_queued_bulk_data(
 
     rtts = {}
     with netns.HostBed(2) as bed:
-        a, b = bed.hosts
         # The bulk stream and the echo both connect to B's port 5202 (low nibble 2), from client
         # ports whose low nibbles differ (0 and 5: classes 2 and 7) or agree (0 and 0: one class);
         # fresh ports every run (a closed connection's port waits a while).
         runs = ((0, ("40000", "40005")), (16, ("40032", "40037")), (16, ("40064", "40080")))
         for flows, ports in runs:
             bed.shape("4mbit", burst="16kb", latency="200ms", flows=flows)
-            server = b.popen([PYTHON, "-c", ECHO_UNDER_LOAD, "serve", b.address], stdout=subprocess.PIPE, text=True)
-            try:
-                server.stdout.readline()
-                client = a.run([PYTHON, "-c", ECHO_UNDER_LOAD, "send", b.address, *ports], timeout=60)
-            finally:
-                server.kill()
-                server.wait()
-            assert client.returncode == 0, client.stderr[-2000:]
-            rtts[flows, ports[1]] = float(client.stdout.strip())
+            rtts[flows, ports[1]] = echo_under_load(bed, *ports)
         rate = link_rate(bed) * 8  # one connection alone still has the whole link
     one_queue, apart, together = rtts[0, "40005"], rtts[16, "40037"], rtts[16, "40080"]
     # The echo waits behind the bulk data in one queue, and in a class the bulk stream shares;
