@@ -83,7 +83,10 @@ def check_one_model_all_steps(ranks, size):
 
 def test_a_lost_rank_rolls_back_to_the_last_commit_and_training_goes_on(tmp_path):
     script, _ = discovery(tmp_path, NAMES)
-    ranks, output, _ = elastic_job(tmp_path, script, 3, ELASTIC_KILL=f"3:1:{COMMIT + 2}")
+    # With the strategy's callbacks for a model directory: its backup (epoch ends) must not
+    # take the survivors back behind the commit when they train on in the new world.
+    ranks, output, _ = elastic_job(tmp_path, script, 3, ELASTIC_KILL=f"3:1:{COMMIT + 2}",
+                                   ELASTIC_MODEL_DIR=tmp_path / "model")
     assert f"exits at epoch 1 step {COMMIT + 2}" in output
     # Rolled back to the commit at step COMMIT of epoch 1, not to the epoch's start.
     assert f"tfsyncmodes: world 3 -> 2 at epoch 1 step {COMMIT}" in output, output[-4000:]
@@ -144,9 +147,11 @@ def test_a_rank_the_discovery_script_adds_joins_with_the_state(tmp_path, legacy)
     starts epoch 2 (resuming "at step 12" of a 12-step epoch hung under Keras 3). The new rank
     starts Horovod SLOW_JOIN s late, after the collective timeout: the join timeout covers it."""
     script, hosts = discovery(tmp_path, NAMES[:2])
+    # With the strategy's callbacks for a model directory too: the joining rank must run the
+    # survivors' collectives at its fit's start and start from the state, not the backup.
     ranks, output, _ = elastic_job(tmp_path, script, 2, ELASTIC_ADD=f"1:9:{hosts}:{NAMES[2]}:1",
                                    ELASTIC_JOIN_DELAY=f"2:{SLOW_JOIN}", TF_USE_LEGACY_KERAS=legacy,
-                                   ELASTIC_TENSORBOARD=tmp_path / "tensorboard")
+                                   ELASTIC_TENSORBOARD=tmp_path / "tensorboard", ELASTIC_MODEL_DIR=tmp_path / "model")
     assert "tfsyncmodes: world 2 -> 3 at epoch 2 step 0" in output, output[-4000:]
     # The new rank started from other weights (seeded by rank) and ends with the others'.
     history = check_one_model_all_steps(ranks, 3)
@@ -203,7 +208,7 @@ def test_elastic_outside_horovodrun_elastic_mode_is_one_line_and_exit_2():
     assert result.returncode == 2, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith("tfsyncmodes: error")]
     assert lines == ["tfsyncmodes: error: flag: --sync_elastic: needs the horovod backend, not "
-                     "mirrored; launch with: horovodrun --min-np N --max-np M --host-discovery-script "
+                     "mirrored; launch with: horovodrun -np N --min-np N --max-np M --host-discovery-script "
                      "SCRIPT python ..., or turn elastic off"], result.stderr[-3000:]
     assert "Traceback" not in result.stderr
 

@@ -90,6 +90,8 @@ def main():
                     print(f"first step in a world of {self.size} at {time.time():.3f}", flush=True)
 
     callbacks = [Faults()]
+    if os.environ.get("ELASTIC_MODEL_DIR"):  # the strategy's backup, checkpoint and TensorBoard
+        callbacks = strategy.callbacks(os.environ["ELASTIC_MODEL_DIR"]) + callbacks
     if os.environ.get("ELASTIC_TENSORBOARD") and hvd.rank() == 0:  # the user's TensorBoard, on rank 0
         callbacks.append(keras.callbacks.TensorBoard(os.environ["ELASTIC_TENSORBOARD"]))
     history = strategy.fit(model, dataset_fn, epochs=epochs, steps_per_epoch=steps,

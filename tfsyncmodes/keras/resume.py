@@ -10,8 +10,11 @@ killed while writing leaves the previous backup whole (tf_keras' checkpoint mana
 does so): the weights go to a file named by the epoch, and the epoch's record, written last,
 names that file, so weights and epoch always come from the same save.
 
-The process that writes says in one line where a fit resumed (its first epoch, when not the
-first), and, when the backup left nothing to train, that the fit trained nothing and why.
+A process restores in its first fit only: a later fit in the same process (an elastic job's
+fit in each new world, a script that fits again) goes on from the model it holds, which is at
+least as new as the backup; an elastic job's commits would otherwise be taken back to the
+last epoch's end. The process that writes says in one line where a fit resumed from the
+backup, and, when the backup left nothing to train, that the fit trained nothing and why.
 """
 from __future__ import annotations
 
@@ -32,22 +35,33 @@ class ResumeFromBackup(keras.callbacks.BackupAndRestore):
     def __init__(self, backup_dir: str, writes=True):
         super().__init__(backup_dir, delete_checkpoint=False)
         self.writes = writes
-        self._epochs_begun = 0
+        self.restores = True  # False: never restore (an elastic job past its start sets it)
+        self._fits = self._epochs_begun = 0
 
     def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
+        if self._fits == 0 and self.restores:
+            super().on_train_begin(logs)  # restores (and, under tf_keras, makes the state it saves with)
+        elif LEGACY:  # the state it saves with, made as tf_keras makes it, not restored
+            if getattr(self, "_training_state", None) is None:
+                from tf_keras.src.distribute import worker_training_state
+
+                self._training_state = worker_training_state.WorkerTrainingState(
+                    self.model, self.backup_dir, self.save_freq, self.save_before_preemption)
+            self.model._training_state = self._training_state
+        self._fits += 1
         self._epochs_begun = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         super().on_epoch_begin(epoch, logs)
-        if self._epochs_begun == 0 and epoch > 0 and self.writes is not False:
+        if self._fits == 1 and self.restores and self._epochs_begun == 0 and epoch > 0 and self.writes is not False:
             logging.info("tfsyncmodes: resumed from %s at epoch %d of %s", self.backup_dir, epoch + 1,
                          (self.params or {}).get("epochs", "?"))
         self._epochs_begun += 1
 
     def on_train_end(self, logs=None):
         super().on_train_end(logs)
-        if self._epochs_begun == 0 and self.writes is not False and os.path.isdir(self.backup_dir):
+        if (self._fits == 1 and self.restores and self._epochs_begun == 0 and self.writes is not False
+                and os.path.isdir(self.backup_dir)):
             logging.warning("tfsyncmodes: the backup in %s has every epoch done, so this fit trained nothing "
                             "(remove it, or give another model directory, to train anew)", self.backup_dir)
 

@@ -29,7 +29,9 @@ import tensorflow as tf
 
 from tfsyncmodes.exchange import communicators
 from tfsyncmodes.exchange.base import optimizer_variables
+from tfsyncmodes.keras.callbacks import BroadcastInitialState
 from tfsyncmodes.keras.compat import build_metrics, build_optimizer, keras
+from tfsyncmodes.keras.resume import ResumeFromBackup
 from tfsyncmodes.strategies.step_deadline import StepDeadline
 
 _LOST = ("horovod", "gloo")  # words in the message of a collective that failed with a peer
@@ -203,13 +205,22 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
         commit = ElasticCommit(state, config.elastic_commit, first, steps_per_epoch,
                                lambda: strategy.elastic_commit_point(model),
                                lambda steps, done: strategy.elastic_part_epoch(model, steps, done))
+        # Every rank of a world runs the same collectives at its fit's start: the initial
+        # broadcast afresh in every world (a caller's, from strategy.callbacks(), has run in the
+        # survivors' first world and would skip, where a joining rank's would not), and no
+        # backup read past the job's start (the state is newer; a joining rank would start
+        # from the backup's epoch and weights, the others from the commit).
+        user = [c for c in callbacks if not isinstance(c, BroadcastInitialState)]
+        for callback in user:
+            if isinstance(callback, ResumeFromBackup) and (state.epoch or state.batch):
+                callback.restores = False
         # One fit: a part-done first epoch ends after its remaining steps (EndPartEpoch).
         dataset = strategy.distribute_datasets_from_function(dataset_fn)
         last["history"] = model.fit(
             dataset, epochs=epochs, initial_epoch=state.epoch, steps_per_epoch=steps_per_epoch,
             shuffle=False, verbose=verbose,
             callbacks=[EndPartEpoch(first, steps_per_epoch), WorldSize()]
-            + strategy.with_required_callbacks(callbacks) + [commit, deadline])
+            + strategy.with_required_callbacks(user) + [commit, deadline])
         return last.get("history")
 
     def guarded(state):

@@ -38,7 +38,7 @@ def check_elastic(config, backend: str) -> None:
     ``HOROVOD_ELASTIC=1`` in every rank's environment)."""
     source = config.sources.get("elastic", "default")
     field = field_of(KNOBS_BY_KEY["elastic"], source)
-    fix = ("launch with: horovodrun --min-np N --max-np M --host-discovery-script SCRIPT python ..., "
+    fix = ("launch with: horovodrun -np N --min-np N --max-np M --host-discovery-script SCRIPT python ..., "
            "or turn elastic off")
     if backend != "horovod":
         raise ConfigError(source, field, f"needs the horovod backend, not {backend}", fix)
