@@ -10,11 +10,13 @@ killed while writing leaves the previous backup whole (tf_keras' checkpoint mana
 does so): the weights go to a file named by the epoch, and the epoch's record, written last,
 names that file, so weights and epoch always come from the same save.
 
-A process restores in its first fit only: a later fit in the same process (an elastic job's
-fit in each new world, a script that fits again) goes on from the model it holds, which is at
-least as new as the backup; an elastic job's commits would otherwise be taken back to the
-last epoch's end. The process that writes says in one line where a fit resumed from the
-backup, and, when the backup left nothing to train, that the fit trained nothing and why.
+A process restores in its first fit only: a later fit in the same process (a script that fits
+again) goes on from the model it holds, which is at least as new as the backup. An elastic job
+decides for every world's fit instead (:attr:`ResumeFromBackup.restores`): the backup is read
+while the job has no commit yet, on every rank, joining ranks included, and never after, when
+it would take the world back behind its last commit. The process that writes says in one line
+where a fit resumed from the backup, and, when the backup left nothing to train, that the fit
+trained nothing and why.
 """
 from __future__ import annotations
 
@@ -35,11 +37,13 @@ class ResumeFromBackup(keras.callbacks.BackupAndRestore):
     def __init__(self, backup_dir: str, writes=True):
         super().__init__(backup_dir, delete_checkpoint=False)
         self.writes = writes
-        self.restores = True  # False: never restore (an elastic job past its start sets it)
+        self.restores = None  # None: in this process's first fit only; True or False: in every fit, or in none
         self._fits = self._epochs_begun = 0
+        self._restored = False
 
     def on_train_begin(self, logs=None):
-        if self._fits == 0 and self.restores:
+        self._restored = self._fits == 0 if self.restores is None else bool(self.restores)
+        if self._restored:
             super().on_train_begin(logs)  # restores (and, under tf_keras, makes the state it saves with)
         elif LEGACY:  # the state it saves with, made as tf_keras makes it, not restored
             if getattr(self, "_training_state", None) is None:
@@ -53,15 +57,14 @@ class ResumeFromBackup(keras.callbacks.BackupAndRestore):
 
     def on_epoch_begin(self, epoch, logs=None):
         super().on_epoch_begin(epoch, logs)
-        if self._fits == 1 and self.restores and self._epochs_begun == 0 and epoch > 0 and self.writes is not False:
+        if self._restored and self._epochs_begun == 0 and epoch > 0 and self.writes is not False:
             logging.info("tfsyncmodes: resumed from %s at epoch %d of %s", self.backup_dir, epoch + 1,
                          (self.params or {}).get("epochs", "?"))
         self._epochs_begun += 1
 
     def on_train_end(self, logs=None):
         super().on_train_end(logs)
-        if (self._fits == 1 and self.restores and self._epochs_begun == 0 and self.writes is not False
-                and os.path.isdir(self.backup_dir)):
+        if self._restored and self._epochs_begun == 0 and self.writes is not False and os.path.isdir(self.backup_dir):
             logging.warning("tfsyncmodes: the backup in %s has every epoch done, so this fit trained nothing "
                             "(remove it, or give another model directory, to train anew)", self.backup_dir)
 

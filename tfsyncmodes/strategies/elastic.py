@@ -207,13 +207,13 @@ def fit(strategy, model, dataset_fn, *, epochs, steps_per_epoch, callbacks, verb
                                lambda steps, done: strategy.elastic_part_epoch(model, steps, done))
         # Every rank of a world runs the same collectives at its fit's start: the initial
         # broadcast afresh in every world (a caller's, from strategy.callbacks(), has run in the
-        # survivors' first world and would skip, where a joining rank's would not), and no
-        # backup read past the job's start (the state is newer; a joining rank would start
-        # from the backup's epoch and weights, the others from the commit).
+        # survivors' first world and would skip, where a joining rank's would not), and the
+        # backup read by every rank while the job has no commit, by none after (the state is
+        # newer: the survivors would go back behind it, a joining rank start elsewhere).
         user = [c for c in callbacks if not isinstance(c, BroadcastInitialState)]
         for callback in user:
-            if isinstance(callback, ResumeFromBackup) and (state.epoch or state.batch):
-                callback.restores = False
+            if isinstance(callback, ResumeFromBackup):
+                callback.restores = not (state.epoch or state.batch)
         # One fit: a part-done first epoch ends after its remaining steps (EndPartEpoch).
         dataset = strategy.distribute_datasets_from_function(dataset_fn)
         last["history"] = model.fit(
