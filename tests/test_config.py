@@ -1,4 +1,5 @@
 """Configuration: precedence of the sources and what each bad value says."""
+import logging
 import re
 
 import pytest
@@ -208,3 +209,17 @@ def test_mpirun_environments_give_the_rank_and_size(names):
     # horovodrun's own variables win over the MPI launcher's
     env = cluster.horovod_env({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", rank: "3", size: "8"})
     assert (env.rank, env.size) == (1, 2)
+
+
+def test_a_misspelled_variable_is_named_with_the_knobs_it_is_close_to(caplog):
+    caplog.set_level(logging.WARNING)
+    environ = {"TFSYNC_MDOE": "async", "TFSYNC_COLLECTIVE_TIMEOUTS": "5", "TFSYNC_PERIOD": "4",
+               "TFSYNC_VENV": "/somewhere", "TFSYNC_BUILD_KERNELS": "0"}
+    resolved = config.resolve(environ=environ, use_flags=False)
+    assert (resolved.mode, resolved.period) == ("sync", 4)  # the typo is not read; the knob is
+    lines = [r.getMessage() for r in caplog.records if "is not one of the knobs'" in r.getMessage()]
+    assert lines == [
+        "tfsyncmodes: environment variable TFSYNC_COLLECTIVE_TIMEOUTS is not one of the knobs' and is ignored; "
+        "did you mean TFSYNC_COLLECTIVE_TIMEOUT?",
+        "tfsyncmodes: environment variable TFSYNC_MDOE is not one of the knobs' and is ignored; "
+        "did you mean TFSYNC_MODE?"]  # the package's other variables (TFSYNC_VENV, ...) pass

@@ -115,12 +115,28 @@ def test_no_module_of_the_package_imports_test_or_benchmark_support():
 @pytest.mark.timeout(120)
 def test_the_launcher_is_a_console_command():
     scripts = pyproject()["project"]["scripts"]
-    assert scripts["tfsyncmodes-launch"] == "tfsyncmodes.launch:main"
+    assert scripts["tfsyncmodes-launch"] == "tfsyncmodes_launch:main"
     command = os.path.join(os.path.dirname(COLD_PYTHON), "tfsyncmodes-launch")
     result = subprocess.run([command, "--print-tf-config", "--hosts", "a,b", "--workers", "1", "--ps", "1"],
                             capture_output=True, text=True, timeout=100, env=clean_env(), cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert '"task":{"type":"chief","index":0}' in result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_launchers_console_command_starts_without_tensorflow():
+    # The command's entry point with TensorFlow made unimportable: the package's __init__
+    # (which imports it) must not run; a bad option still gives the launcher's one line.
+    for args, status, out in ((["--print-tf-config", "--hosts", "a,b", "--workers", "1"], 0,
+                               '"task":{"type":"chief","index":0}'),
+                              (["--workers", "0", "--", "true"], 2, "launch: --workers: 0 is too few")):
+        code = (WITHOUT_TENSORFLOW + f"sys.argv = ['tfsyncmodes-launch', *{args!r}]\n"
+                "import tfsyncmodes_launch\ntfsyncmodes_launch.main()\n")
+        result = subprocess.run([COLD_PYTHON, "-c", code], capture_output=True, text=True, timeout=100,
+                                env=clean_env(), cwd="/")
+        assert result.returncode == status, result.stderr
+        assert out in result.stdout + result.stderr
+        assert "Traceback" not in result.stderr
 
 
 @pytest.mark.timeout(240)

@@ -96,7 +96,7 @@ def test_a_sync_flag_another_module_defined_first_is_not_adopted(tmp_path):
     lines = [line for line in stderr.splitlines() if "--sync_compression is defined by" in line]
     assert len(lines) == 1, stderr[-3000:]
     assert f"--sync_compression is defined by {path} and by tfsyncmodes.flags" in lines[0]
-    assert "rename your flag, or set the knob compression through TFSYNC_COMPRESSION or the config file" in lines[0]
+    assert "so a --sync_compression given there sets both; to keep them apart, rename your flag" in lines[0]
     assert got == {"user": "mine", "knobs": ["none", "default"]}
     # The knob is read from tfsyncmodes' own parse of the command line; the script's flag keeps
     # its own definition (and parses the same text); the environment sets the knob alone.

@@ -15,6 +15,7 @@ validation all derive from it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -22,7 +23,7 @@ from absl import logging
 
 from tfsyncmodes import flags as flag_defs
 from tfsyncmodes.errors import ConfigError, one_of
-from tfsyncmodes.knobs import KNOBS, KNOBS_BY_KEY, Knob, in_force, run_modes
+from tfsyncmodes.knobs import ENV_PREFIX, KNOBS, KNOBS_BY_KEY, Knob, in_force, run_modes
 
 CONFIG_ENV = flag_defs.CONFIG_ENV
 _warned = set()  # warning lines logged already (a run resolves more than once)
@@ -57,11 +58,23 @@ SyncConfig = dataclasses.make_dataclass(
     namespace={"describe": _describe, "knobs_in_force": _knobs_in_force, "__module__": __name__,
                "__doc__": "The resolved, immutable configuration of a run (see resolve())."},
 )
+"""The resolved, immutable configuration of a run (made by :func:`resolve`; a strategy's
+``config``): one field per knob of :data:`tfsyncmodes.knobs.KNOBS`, by its key (``mode``,
+``period``, ...), and ``sources``, where each value came from (``default``, ``config file
+PATH``, ``environment``, ``flag``, ``argument``). ``describe(every=False)``: one line per knob in
+force (every knob with ``every=True``), its value and source; ``knobs_in_force()``: their keys."""
 
 
 def field_of(knob: Knob, source: str) -> str:
     """How a ConfigError names `knob` given by `source`: its flag, its variable, or its key."""
     return {"environment": knob.env, "flag": "--" + knob.flag}.get(source, knob.key)
+
+
+def given_as(config: "SyncConfig", key: str) -> Tuple[str, str]:
+    """(source, field) of knob `key`'s value in `config`, as a ConfigError names them: e.g.
+    ("flag", "--sync_mode"), ("environment", "TFSYNC_MODE"), ("argument", "mode")."""
+    source = config.sources.get(key, "default")
+    return source, field_of(KNOBS_BY_KEY[key], source)
 
 
 def _parse(knob: Knob, value: Any, source: str, field: str) -> Any:
@@ -111,10 +124,17 @@ def load_file(path: str, source: str = "flag", field: str = "--" + flag_defs.CON
 
     where = f"config file {path}"
     if not os.path.isfile(path):
-        raise ConfigError(source, field, f"{path} does not exist", "give an existing YAML file, e.g. configs/sync.yaml")
+        what = "is a directory, not a file" if os.path.isdir(path) else "does not exist"
+        raise ConfigError(source, field, f"{path} {what}", "give an existing YAML file, e.g. configs/sync.yaml")
     try:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
+    except UnicodeDecodeError as error:
+        raise ConfigError(where, "(yaml)", f"is not UTF-8 text (byte {error.start})",
+                          "save it as UTF-8 (YAML's own encoding)") from None
+    except OSError as error:
+        raise ConfigError(source, field, f"{path} cannot be read: {error.strerror}",
+                          "give a YAML file this process can read") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
@@ -160,6 +180,22 @@ def _warn_not_in_force(config: "SyncConfig") -> None:
             logging.warning("%s", line)
 
 
+def _warn_misspelled(environ: Mapping[str, str]) -> None:
+    """One warning line per ``TFSYNC_`` variable that is no knob's but close to one's name (a
+    typo would otherwise be ignored without a word; the package's other variables, such as
+    its install's, are not close to a knob's and pass)."""
+    names = [knob.env for knob in KNOBS] + [CONFIG_ENV]
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in names:
+            continue
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+        line = (f"tfsyncmodes: environment variable {name} is not one of the knobs' and is ignored"
+                + (f"; did you mean {close[0]}?" if close else ""))
+        if close and line not in _warned:
+            _warned.add(line)
+            logging.warning("%s", line)
+
+
 def resolve(
     overrides: Optional[Mapping[str, Any]] = None,
     environ: Mapping[str, str] = os.environ,
@@ -184,6 +220,7 @@ def resolve(
                        load_file(environ[CONFIG_ENV], "environment", CONFIG_ENV)))
     flag_values.pop("config", None)
     layers.append(("environment", {k.key: environ[k.env] for k in KNOBS if environ.get(k.env, "") != ""}))
+    _warn_misspelled(environ)
     layers.append(("flag", flag_values))
     layers.append(("argument", {k: v for k, v in overrides.items() if v is not None}))
 

@@ -99,12 +99,14 @@ def _report_taken(values: flags.FlagValues, names: Sequence[str]) -> None:
     by_flag = {knob.flag: knob for knob in KNOBS}
     for name in names:
         knob = by_flag.get(name)
-        what, env = (f"knob {knob.key}", knob.env) if knob else ("config file", CONFIG_ENV)
+        what = f"knob {knob.key}" if knob else "config file"
+        # A --name on the command line sets tfsyncmodes' value whoever defined the flag, above
+        # the environment and the config file: renaming the script's flag is the one way apart.
         logging.warning(
             "tfsyncmodes: --%s is defined by %s and by %s: FLAGS keeps the first, and tfsyncmodes "
-            "reads its %s from its own parse of the command line; to keep them apart, rename your "
-            "flag, or set the %s through %s%s", name, values.find_module_defining_flag(name, "another module"),
-            __name__, what, what, env, " or the config file" if knob else "")
+            "reads its %s from its own parse of the command line, so a --%s given there sets both; "
+            "to keep them apart, rename your flag", name, values.find_module_defining_flag(name, "another module"),
+            __name__, what, name)
 
 def parse_known(argv: Sequence[str]) -> flags.FlagValues:
     """tfsyncmodes' flags from `argv` (program name first), every other argument left alone."""

@@ -43,6 +43,13 @@ class ModeStrategy:
 
     A strategy owns its resolved, immutable :attr:`config`; optimizers wrapped with
     :meth:`wrap` (or ``tfsyncmodes.wrap`` inside :meth:`scope`) are built from exactly it.
+
+    Attributes:
+        config: the run's :class:`~tfsyncmodes.config.SyncConfig` (``config.describe()``: the
+            knobs in force and where each value came from).
+        mode: ``"sync"``, ``"async"`` or ``"hybrid"`` (a switching run: the mode it trains in now).
+        backend: what carries the exchange: ``"horovod"``, ``"multi_worker"``, ``"mirrored"``
+            or ``"parameter_server"``.
     """
 
     mode = "sync"
@@ -84,6 +91,7 @@ class ModeStrategy:
 
     @property
     def num_replicas_in_sync(self) -> int:
+        """Replicas whose gradients each step combines (Horovod: its ranks; async: the workers')."""
         return self._tf_strategy.num_replicas_in_sync
 
     @property
@@ -105,6 +113,8 @@ class ModeStrategy:
     # --- what training code needs in every mode ------------------------------------------
     @property
     def is_chief(self) -> bool:
+        """Whether this process logs, evaluates and writes checkpoints (Horovod's rank 0, the
+        ``chief`` task, the one process of a one-host run)."""
         return True
 
     @property
@@ -118,6 +128,7 @@ class ModeStrategy:
         return 1
 
     def per_replica_batch_size(self, global_batch_size: int) -> int:
+        """`global_batch_size` split over the replicas (a ConfigError when it does not split)."""
         if global_batch_size % self.num_replicas_in_sync:
             raise ConfigError(
                 "argument", "global_batch_size",
@@ -126,6 +137,7 @@ class ModeStrategy:
         return global_batch_size // self.num_replicas_in_sync
 
     def global_batch_size(self, per_replica_batch_size: int) -> int:
+        """The batch all replicas together take in one step."""
         return per_replica_batch_size * self.num_replicas_in_sync
 
     def input_context(self) -> tf.distribute.InputContext:
@@ -226,6 +238,8 @@ class ModeStrategy:
         return [c for c in added if type(c) not in present] + callbacks
 
     def describe(self) -> str:
+        """One line: mode, backend, replicas and where this process stands (the configuration's
+        own lines: ``strategy.config.describe()``)."""
         return (f"mode={self.mode} backend={self.backend} replicas={self.num_replicas_in_sync} "
                 f"workers={self.num_workers} worker_index={self.worker_index} chief={self.is_chief}")
 

@@ -6,7 +6,7 @@ from typing import List
 
 import tensorflow as tf
 
-from tfsyncmodes.config import SyncConfig
+from tfsyncmodes.config import SyncConfig, given_as
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import communicators
 from tfsyncmodes.keras.callbacks import BroadcastInitialState, MetricAverage
@@ -45,7 +45,7 @@ class HorovodStrategy(ModeStrategy):
     @classmethod
     def from_environment(cls, config, horovod, tf_config):
         if horovod is None:
-            raise ConfigError("--sync_backend", "horovod", "this process was not started by horovodrun",
+            raise ConfigError(*given_as(config, "backend"), "horovod: this process was not started by horovodrun",
                               "launch with: horovodrun -np N python ...")
         return cls(config)
 

@@ -12,7 +12,7 @@ from typing import List, Optional
 from absl import logging
 
 from tfsyncmodes.cluster import HorovodEnv
-from tfsyncmodes.config import SyncConfig
+from tfsyncmodes.config import SyncConfig, given_as
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import groups as groups_lib
 from tfsyncmodes.keras.hybrid_callbacks import DrainExchange
@@ -41,8 +41,7 @@ class HybridStrategy(HorovodStrategy):
 
     def __init__(self, config: SyncConfig, horovod_env: Optional[HorovodEnv]):
         if horovod_env is None:
-            raise ConfigError(config.sources.get("mode", "argument"), "mode=hybrid",
-                              "this process was not started by horovodrun",
+            raise ConfigError(*given_as(config, "mode"), "hybrid: this process was not started by horovodrun",
                               "launch with: horovodrun -np N python ... --sync_mode=hybrid")
         if config.elastic:
             check_elastic(config, "horovod")
