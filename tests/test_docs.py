@@ -128,7 +128,7 @@ def _readme_commands(heading: str):
 
 
 README_MODES = ["sync", "async", "hybrid", "auto"]
-PYTHON_WORDS = {".venv/bin/python", "python"}
+PYTHON_WORDS = {".venv/bin/python"}  # the launcher: .venv/bin/tfsyncmodes-launch
 
 
 def test_the_readme_gives_one_command_per_mode_with_the_checkouts_python():

@@ -144,3 +144,15 @@ def test_a_negative_max_restarts_is_one_line_and_status_2():
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
         "tfsyncmodes: error: launch: --max_restarts: -1 is negative; use 0 (no restarts) or more"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("given, seen", [(None, "use_caller"), ("false", "false")])
+def test_every_task_fails_its_rpcs_fast_unless_the_user_said_otherwise(given, seen):
+    env = clean_env(**({} if given is None else {"GRPC_FAIL_FAST": given}))
+    command = [PYTHON, "-m", "tfsyncmodes.launch", "--workers", "1", "--ps", "1", "--", "sh", "-c",
+               'echo "fail fast: ${GRPC_FAIL_FAST:-unset}"; sleep 1']
+    result = localrun.run(command, timeout=60, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = sorted(l for l in result.stdout.splitlines() if "fail fast:" in l)
+    assert lines == [f"[{task}] fail fast: {seen}" for task in ("chief:0", "ps:0", "worker:0")]

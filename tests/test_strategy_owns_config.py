@@ -58,3 +58,20 @@ def test_hybrid_state_saved_mid_training_resumes_exactly_in_a_fresh_job(tmp_path
         assert int(resumed["iterations"]) == int(continued["iterations"]) == 4
         for i in range(2):  # the step after the resume is the step of a run that never stopped
             np.testing.assert_array_equal(resumed[f"arr_{i}"], continued[f"arr_{i}"])
+
+
+@pytest.mark.slow  # horovodrun jobs
+@pytest.mark.parametrize("mode", ["sync", "hybrid"])
+@pytest.mark.timeout(200)
+def test_wrap_under_horovodrun_with_no_strategy_is_one_line_not_ranks_training_alone(mode):
+    command = localrun.horovodrun_command(2, [PYTHON, os.path.join(WORKERS, "wrap_without_strategy.py"),
+                                              f"--sync_mode={mode}"])
+    result = localrun.run(command, timeout=170)
+    assert result.returncode != 0 and "TRAINED" not in result.stdout, result.stdout[-2000:]
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "tfsyncmodes: error:" in line]
+    for rank in (0, 1):  # each rank's one line, and no traceback
+        mine = [line for line in errors if f"this is rank {rank} of a 2-rank horovodrun job" in line]
+        assert len(mine) == 1, errors
+        assert f"wrap: mode={mode}: " in mine[0] and "call tfsyncmodes.make_strategy() first" in mine[0]
+    ranks = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith(("[0]<", "[1]<"))]
+    assert ranks and not [line for line in ranks if "Traceback" in line]  # (horovodrun's own report has one)

@@ -126,6 +126,12 @@ def test_launcher_refuses_async_schedule_without_ps_or_with_sync_mode():
                            "--sync_mode_schedule", "sync:1e,async"], timeout=120, env=clean_env(), cwd=REPO)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and len(lines) == 1 and "drop --sync_mode" in lines[0], result.stderr
+    # tf_keras in every task: refused before any phase starts (not by each rank of phase 0).
+    result = localrun.run([PYTHON, LAUNCH, "--", PYTHON, "scripts/train.py", "--sync_mode_schedule=sync:1e,async"],
+                          timeout=120, env=clean_env(TF_USE_LEGACY_KERAS="1"), cwd=REPO)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "TF_USE_LEGACY_KERAS: 1" in lines[0] and "unset TF_USE_LEGACY_KERAS" in lines[0]
 
 
 def test_train_py_refuses_a_schedule_through_async_outside_the_launcher():

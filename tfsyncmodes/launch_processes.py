@@ -81,6 +81,9 @@ class Task:
         self.role = role
         env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": index}}),
                    PYTHONUNBUFFERED="1")
+        # RPCs to a lost task fail at once instead of waiting for it (the caller's choice, as
+        # docs/troubleshooting.md asks of every async task); a value the user set is kept.
+        env.setdefault("GRPC_FAIL_FAST", "use_caller")
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, text=True, errors="replace",
                                         start_new_session=True, preexec_fn=_die_with_parent)

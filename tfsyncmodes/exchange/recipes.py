@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
-from tfsyncmodes import registry
+from tfsyncmodes import cluster, registry
 from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.exchange import communicators
 from tfsyncmodes.exchange.base import Chain
@@ -124,9 +124,25 @@ def mode_exchange(config, groups=None) -> Chain:
     return build(config, groups)
 
 
+def _check_horovod_started(mode: str) -> None:
+    """A ConfigError when this process is one rank of several under ``horovodrun`` (or
+    ``mpirun``) and Horovod was not started (no strategy made): its gradients would not cross,
+    and every rank would train alone, without a word (as Horovod's own DistributedOptimizer
+    refuses to be made before ``hvd.init()``)."""
+    if communicators.under_tf_distribute() or communicators.horovod_world()[1] > 0:
+        return
+    job = cluster.horovod_env()
+    if job is not None and job.size > 1:
+        raise ConfigError("wrap", f"mode={mode}", f"this is rank {job.rank} of a {job.size}-rank horovodrun job "
+                          "and no strategy has started Horovod, so each rank would train alone",
+                          f"call tfsyncmodes.make_strategy() first and wrap with strategy.wrap(optimizer) "
+                          "or inside strategy.scope()")
+
+
 @recipe("sync")
 def sync_exchange(config, groups=None) -> Chain:
     del groups
+    _check_horovod_started("sync")
     rank, size = communicators.horovod_world()
     if communicators.under_tf_distribute() or size <= 1:
         return Chain()
@@ -152,6 +168,7 @@ def parameter_server_exchange(config, groups=None) -> Chain:
 def hybrid(config, groups=None) -> Chain:
     """Without the strategy's groups (a model loaded outside a hybrid job) the exchange keeps
     its state and changes nothing; in a multi-rank job that is a mistake, said as one."""
+    _check_horovod_started("hybrid")
     if groups is None and communicators.horovod_world()[1] > 1:
         raise ConfigError("wrap", "mode=hybrid", "no hybrid strategy's scope is active",
                           "call tfsyncmodes.make_strategy('hybrid') first and wrap with "

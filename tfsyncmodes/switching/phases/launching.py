@@ -69,6 +69,10 @@ def check(args) -> None:
                        "launcher sets each phase's mode")
     if args.np is not None and args.np < 1:
         raise BadInput(f"--np: {args.np} is too few; use 1 or more")
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS")
+    if legacy in ("true", "True", "1"):  # as tfsyncmodes.keras.compat reads it, in every task
+        raise BadInput(f"TF_USE_LEGACY_KERAS: {legacy}, but --sync_mode_schedule {text!r} has an async phase, "
+                       "which runs under Keras 3 only; unset TF_USE_LEGACY_KERAS")
     if any(m in HOROVOD_MODES for m in modes) and not horovodrun_path():
         raise BadInput("horovodrun: not found beside this Python or on PATH; install Horovod "
                        "(scripts/install.sh) for the schedule's sync and hybrid phases")
