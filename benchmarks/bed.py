@@ -23,9 +23,11 @@ docs/BENCHMARKS.md.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,7 +35,7 @@ import tempfile
 
 from absl import app, flags
 
-from benchmarks import bed_async, bed_calibration as cal, bed_probe
+from benchmarks import bed_async, bed_calibration as cal, bed_capture, bed_probe
 from benchmarks.bed_report import (accuracy_ratios, auto_pick, median_or_none, ratios_to_sync, seconds_to, section,
                                    whole_run_ratios)
 from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, replace_section, repo_env
@@ -71,6 +73,8 @@ flags.DEFINE_integer("flow_queues", 0, f"Queue each connection apart on every ho
                      "tfsync_testbed/shaping.py); 0: one queue, as every earlier file.")
 flags.DEFINE_bool("tcp_slow_start_after_idle", True, "The hosts' net.ipv4.tcp_slow_start_after_idle (the "
                   "kernel's default, 1: a connection idle for a retransmission timeout starts slow again).")
+flags.DEFINE_string("capture_dir", "", "Capture packet headers on every host while the runs go, one file a host "
+                    "there (tcpdump; read back with python -m benchmarks.bed_capture DIR); empty: none.")
 flags.DEFINE_string("extra_flags", "", "More trainer flags for every run, space-separated (e.g. '--sync_period=16').")
 FLAGS = flags.FLAGS
 MODES = ("sync", "hybrid", "async", "policy", "auto")  # policy: sync with --sync_switch_policy=straggler
@@ -83,6 +87,8 @@ def bad(field: str, problem: str, fix: str) -> None:
 
 def check() -> None:
     check_bed_counts("benchmarks.bed", FLAGS, (1, 2, 4, 8))
+    if FLAGS.capture_dir and not shutil.which("tcpdump"):
+        bad("capture_dir", "needs tcpdump, which is not installed", "apt-get install tcpdump, or leave it out")
     if FLAGS.ranks == 1 and FLAGS.modes != ["async"]:
         bad("ranks", "1 runs an async worker alone (its own rate), no other mode", "use --modes=async, or 2, 4 or 8")
     for name in FLAGS.straggler:
@@ -203,7 +209,6 @@ def main(argv):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TFSYNC_", "HOROVOD_"))}
     env = repo_env(env, TF_CPP_MIN_LOG_LEVEL="2", TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="2")
-    runs = {}
     with tempfile.TemporaryDirectory() as tmp, netns.HostBed(len(hosts_layout(FLAGS.ranks)) + FLAGS.ps * ("async" in FLAGS.modes)) as bed, \
             ssh.SshMesh(bed, tmp) as mesh:
         def shape(link, hosts=None):
@@ -217,6 +222,16 @@ def main(argv):
         bed.sysctl("net.ipv4.tcp_slow_start_after_idle", str(int(FLAGS.tcp_slow_start_after_idle)))
         measured = link_rate(bed) * 8
         print(f"[bed] link {FLAGS.link}: shaped {cal.tc_rate(FLAGS.link, FLAGS.step_ms)}, measured {measured / 1e6:.2f} Mbit/s", flush=True)
+        capture = (bed_capture.capturing(bed.hosts, FLAGS.capture_dir, netns.IFACE) if FLAGS.capture_dir
+                   else contextlib.nullcontext())
+        with capture:
+            runs = run_all(bed, mesh, env)
+    write(runs, measured)
+
+
+def run_all(bed, mesh, env) -> dict:
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(FLAGS.repeats):
             for condition in FLAGS.straggler:
                 for mode in FLAGS.modes:
@@ -243,7 +258,7 @@ def main(argv):
                     runs.setdefault((condition, mode), []).append(run)
                     print(f"[bed] {repeat + 1}/{FLAGS.repeats} {condition} {mode}: {run['samples_per_s']:.0f} "
                           f"samples/s, accuracy {run['test_accuracy']:.3f}", flush=True)
-    write(runs, measured)
+    return runs
 
 
 def write(runs: dict, measured: float) -> None:

@@ -391,3 +391,13 @@ def test_flow_queues_keep_a_connection_apart_from_another_ones_queued_bulk_data(
     # in a class of its own it is served at its turn, ahead of the bulk's queued data.
     assert apart * 4 < min(one_queue, together) and min(one_queue, together) > 0.01, rtts
     assert 2e6 < rate < 4.4e6, rate  # a class alone is guaranteed 0.25 Mbit/s and borrows the rest
+
+
+def test_a_capture_without_tcpdump_is_one_line_with_status_2():
+    # tcpdump looked for on PATH: one that holds the interpreter's directory only.
+    env = clean_env(PATH=os.path.dirname(PYTHON))
+    result = localrun.run([PYTHON, "-m", "benchmarks.bed", "--capture_dir=unused"], timeout=120, env=env, cwd=REPO)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines == ["benchmarks.bed: error: flag: --capture_dir: needs tcpdump, which is not installed; "
+                     "apt-get install tcpdump, or leave it out"]
