@@ -189,9 +189,11 @@ def _warn_misspelled(environ: Mapping[str, str]) -> None:
         if not name.startswith(ENV_PREFIX) or name in names:
             continue
         close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
-        line = (f"tfsyncmodes: environment variable {name} is not one of the knobs' and is ignored"
-                + (f"; did you mean {close[0]}?" if close else ""))
-        if close and line not in _warned:
+        if not close:
+            continue
+        line = (f"tfsyncmodes: environment variable {name} is not one of the knobs' and is ignored; "
+                f"did you mean {close[0]}?")
+        if line not in _warned:
             _warned.add(line)
             logging.warning("%s", line)
 

@@ -135,7 +135,7 @@ def _check_horovod_started(mode: str) -> None:
     if job is not None and job.size > 1:
         raise ConfigError("wrap", f"mode={mode}", f"this is rank {job.rank} of a {job.size}-rank horovodrun job "
                           "and no strategy has started Horovod, so each rank would train alone",
-                          f"call tfsyncmodes.make_strategy() first and wrap with strategy.wrap(optimizer) "
+                          "call tfsyncmodes.make_strategy() first and wrap with strategy.wrap(optimizer) "
                           "or inside strategy.scope()")
 
 
