@@ -225,39 +225,39 @@ def main(argv):
         capture = (bed_capture.capturing(bed.hosts, FLAGS.capture_dir, netns.IFACE) if FLAGS.capture_dir
                    else contextlib.nullcontext())
         with capture:
-            runs = run_all(bed, mesh, env)
+            runs = run_all(bed, mesh, env, tmp)
     write(runs, measured)
 
 
-def run_all(bed, mesh, env) -> dict:
+def run_all(bed, mesh, env, tmp: str) -> dict:
+    """Every repeat, condition and mode on `bed`, each run's files in a directory under `tmp`."""
     runs = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for repeat in range(FLAGS.repeats):
-            for condition in FLAGS.straggler:
-                for mode in FLAGS.modes:
-                    work, probe = tempfile.mkdtemp(dir=tmp), bed_probe.Probe(bed)
-                    try:
-                        result = (run_async(bed, env, condition, work) if mode == "async"
-                                  else run_horovod(bed, mesh, mesh.env(env), mode, condition, work))
-                    except subprocess.TimeoutExpired as error:  # killed: show where it stood
-                        sys.stderr.write(str(error.stdout or "")[-3000:] + str(error.stderr or "")[-6000:])
-                        sys.exit(f"benchmarks.bed: {mode} / {condition} did not end within --timeout={FLAGS.timeout:g} s")
-                    if result.returncode != 0 or not os.path.exists(f"{work}/metrics.json"):
-                        kept = os.path.join(FLAGS.docs_dir, f"bed-failed-{mode}-{condition}.log")
-                        with open(kept, "w", encoding="utf-8") as handle:  # the whole output: the tail may be a dump
-                            handle.write(result.stdout + "\n--- stderr ---\n" + result.stderr)
-                        sys.stderr.write(result.stdout[-2000:] + result.stderr[-4000:])
-                        sys.exit(f"benchmarks.bed: {mode} / {condition} failed with status {result.returncode} "
-                                 f"(its whole output: {kept})")
-                    with open(f"{work}/metrics.json", encoding="utf-8") as handle:
-                        run = summarise(mode, json.load(handle))
-                    run["repeat"] = repeat
-                    run.update(probe.read())  # the links' drops and resends, the cores busy
-                    if mode == "auto":
-                        run.update(auto_pick(result.stdout + result.stderr))
-                    runs.setdefault((condition, mode), []).append(run)
-                    print(f"[bed] {repeat + 1}/{FLAGS.repeats} {condition} {mode}: {run['samples_per_s']:.0f} "
-                          f"samples/s, accuracy {run['test_accuracy']:.3f}", flush=True)
+    for repeat in range(FLAGS.repeats):
+        for condition in FLAGS.straggler:
+            for mode in FLAGS.modes:
+                work, probe = tempfile.mkdtemp(dir=tmp), bed_probe.Probe(bed)
+                try:
+                    result = (run_async(bed, env, condition, work) if mode == "async"
+                              else run_horovod(bed, mesh, mesh.env(env), mode, condition, work))
+                except subprocess.TimeoutExpired as error:  # killed: show where it stood
+                    sys.stderr.write(str(error.stdout or "")[-3000:] + str(error.stderr or "")[-6000:])
+                    sys.exit(f"benchmarks.bed: {mode} / {condition} did not end within --timeout={FLAGS.timeout:g} s")
+                if result.returncode != 0 or not os.path.exists(f"{work}/metrics.json"):
+                    kept = os.path.join(FLAGS.docs_dir, f"bed-failed-{mode}-{condition}.log")
+                    with open(kept, "w", encoding="utf-8") as handle:  # the whole output: the tail may be a dump
+                        handle.write(result.stdout + "\n--- stderr ---\n" + result.stderr)
+                    sys.stderr.write(result.stdout[-2000:] + result.stderr[-4000:])
+                    sys.exit(f"benchmarks.bed: {mode} / {condition} failed with status {result.returncode} "
+                             f"(its whole output: {kept})")
+                with open(f"{work}/metrics.json", encoding="utf-8") as handle:
+                    run = summarise(mode, json.load(handle))
+                run["repeat"] = repeat
+                run.update(probe.read())  # the links' drops and resends, the cores busy
+                if mode == "auto":
+                    run.update(auto_pick(result.stdout + result.stderr))
+                runs.setdefault((condition, mode), []).append(run)
+                print(f"[bed] {repeat + 1}/{FLAGS.repeats} {condition} {mode}: {run['samples_per_s']:.0f} "
+                      f"samples/s, accuracy {run['test_accuracy']:.3f}", flush=True)
     return runs
 
 
