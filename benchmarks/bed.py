@@ -287,7 +287,7 @@ def write(runs: dict, measured: float) -> None:
               "shaped": cal.tc_rate(FLAGS.link, FLAGS.step_ms), "measured_mbit_s": round(measured / 1e6, 2),
               "expected_sync_comm_ms": round(1000 * cal.ring_comm_seconds(FLAGS.ranks, FLAGS.link, FLAGS.step_ms), 1),
               "emulated_step_ms": FLAGS.step_ms, "hybrid_exchange": "slices", "plan_rule": "most_steps", "policy_rule": "barrier", "reads_after_wait": True, "async_reads_ahead": False,
-              "switch_threshold": knobs.KNOBS_BY_KEY["switch_threshold"].default, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
+              "switch_threshold": knobs.KNOBS_BY_KEY["switch_threshold"].default, "switch_patience": knobs.KNOBS_BY_KEY["switch_patience"].default, "epochs": FLAGS.epochs, "repeats": FLAGS.repeats,
               "stragglers": FLAGS.straggler, "modes": FLAGS.modes,
               "pareto_alpha": FLAGS.pareto_alpha, "seed": seed_of(FLAGS.extra_flags), "extra_flags": FLAGS.extra_flags,
               "tcp_slow_start_after_idle": FLAGS.tcp_slow_start_after_idle, "queue_ms": FLAGS.queue_ms, "batch_size": FLAGS.batch_size, "first_bytes": FLAGS.first_bytes,

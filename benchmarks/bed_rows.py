@@ -237,13 +237,22 @@ def policy_priced(bed: dict) -> bool:
     return bed["hosts"][0] == bed["ranks"] // 2
 
 
+def switch_patience(bed: dict) -> int:
+    """The policy's patience a bed file ran with: a ``--sync_switch_patience`` of its extra
+    flags, else the default it recorded (``switch_patience``; before it was recorded, 2)."""
+    for word in str(bed.get("extra_flags") or "").split():
+        if word.startswith("--sync_switch_patience="):
+            return int(word.split("=", 1)[1])
+    return int(bed.get("switch_patience", 2))
+
+
 def policy_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings = DEFAULT,
                 policy_s: float = 0.0) -> Optional[float]:
     """The straggler policy's steady rate, simulated step by step
     (:func:`tfsyncmodes.simulate_policy.policy_epochs`) with the trainer's switch settings; heavy rows
     replay the factors the bed's ranks drew in every epoch; the decision's rule is the one the
     file ran (``policy_rule``; before it was recorded, ``"mean"``), at its threshold
-    (``switch_threshold``; before, 1.5). The simulation's groups are the
+    (``switch_threshold``; before, 1.5) and patience (:func:`switch_patience`). The simulation's groups are the
     hosts; the policy's are two halves of the world (its default group size): None (not priced)
     where they differ, as at 8 ranks on hosts of 2."""
     if not policy_priced(bed):
@@ -253,6 +262,6 @@ def policy_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings =
     defaults = knobs.KNOBS_BY_KEY
     ends, samples, _ = simulate_policy.policy_epochs(
         slow, bed["epochs"], window, in_steps, interval=int(defaults["switch_interval"].default),
-        threshold=float(bed.get("switch_threshold", 1.5)), patience=int(defaults["switch_patience"].default),
+        threshold=float(bed.get("switch_threshold", 1.5)), patience=switch_patience(bed),
         policy_overhead_ms=policy_s * 1e3, delays=delays, rule=bed.get("policy_rule", "mean"))
     return steady_rate(ends, samples)

@@ -129,7 +129,7 @@ def test_a_lognormal_spread_of_steps_is_measured():
 @pytest.mark.timeout(400)
 def test_auto_under_a_controlled_straggler_switches_to_hybrid_after_its_profile(tmp_path):
     """horovodrun -np 2, rank 1 4x slow from the start: the profile of the run's first 20 steps
-    (switch_interval 10 x patience 2) sees it, and the model predicts hybrid faster whatever the
+    (two windows of switch_interval 10, whatever the patience) sees it, and the model predicts hybrid faster whatever the
     loopback link does (a round waits for no one with speed-proportional local steps), so the
     run switches to hybrid at step 20, rank 1 in a group of its own, and stays there."""
     metrics = tmp_path / "metrics.json"

@@ -346,3 +346,17 @@ def test_the_policys_rows_are_simulated_and_its_own_cost_is_fitted_on_its_rows_w
     hybrid = bed_rows.predict(six, "hybrid", "persistent", ALPHA, OVERHEAD, hybrid_s=HYBRID)
     sync = bed_rows.predict(six, "sync", "persistent", ALPHA, OVERHEAD)
     assert 0.95 * hybrid < policy < 1.15 * hybrid and policy > 1.5 * sync
+
+
+def test_the_policys_rows_are_priced_at_the_patience_their_file_ran_with():
+    """A file's patience: a --sync_switch_patience among its extra flags, else the default it
+    recorded, else 2 (the default before it was recorded). One window of patience leaves sync a
+    window sooner after a straggler comes, so the rest of the run goes at hybrid's pace sooner."""
+    old = dict(bed(rows=(("transient", "policy", 100.0),)), epochs=6, transient_window_s=[5.0, 1e9])
+    assert bed_rows.switch_patience(old) == 2
+    assert bed_rows.switch_patience(dict(old, switch_patience=1)) == 1
+    assert bed_rows.switch_patience(dict(old, switch_patience=1, extra_flags="--seed=1 --sync_switch_patience=3")) == 3
+    one, two = (bed_rows.predict(dict(old, switch_patience=p), "policy", "transient", ALPHA, OVERHEAD, hybrid_s=HYBRID)
+                for p in (1, 2))
+    assert one > 1.05 * two
+    assert bed_rows.predict(old, "policy", "transient", ALPHA, OVERHEAD, hybrid_s=HYBRID) == pytest.approx(two, rel=1e-12)

@@ -246,7 +246,7 @@ KNOBS: Tuple[Knob, ...] = (
          "while sync's step (the slowest rank's, or the longest of the ranks' steps one by one) "
          "over the median rank's stays at or above switch_threshold, and back to sync once it "
          "falls; auto (what mode=auto runs) "
-         "profiles the first switch_interval * switch_patience steps, predicts each mode's "
+         "profiles the first 2 * switch_interval steps, predicts each mode's "
          "rate with the cost model, switches to hybrid for good if it pays, else goes on as "
          "straggler (none: stay in one mode).",
          When(("sync",), lambda v, m: v["mode"] != "auto", "mode=sync")),
@@ -256,7 +256,7 @@ KNOBS: Tuple[Knob, ...] = (
          "whichever is larger (back to sync below 1 + (threshold - 1) / 2).", _STRAGGLER),
     Knob("switch_interval", 10, Number(int, 2, 1 << 20),
          "Every this many steps the ranks exchange their mean step time and decide.", _STRAGGLER),
-    Knob("switch_patience", 2, Number(int, 1, 1000),
+    Knob("switch_patience", 1, Number(int, 1, 1000),
          "Consecutive windows above (or below) the threshold before a switch (hysteresis).", _STRAGGLER),
 )
 KNOBS_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}

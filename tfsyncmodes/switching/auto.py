@@ -1,7 +1,7 @@
 """``--sync_mode=auto``: the cost model's pick from a profile of the user's own job (pure).
 
 The run starts in sync with the policy :mod:`~tfsyncmodes.switching.auto_policy` runs. Over
-its first ``switch_interval * switch_patience`` timed steps every rank times its own steps as
+its first ``2 * switch_interval`` steps every rank times its own steps as
 the straggler policy does (:mod:`~tfsyncmodes.switching.straggler`): its wall time per step,
 its time inside the train function, and its compute, stamped in the step when its gradients
 are ready, before any collective. One allgather gives every rank every rank's figures

@@ -4,8 +4,9 @@ else go on as the straggler policy.
 
 :class:`AutoSwitch` is the straggler policy's callback
 (:class:`~tfsyncmodes.switching.straggler.StragglerSwitch`) with a first decision of its own:
-its first ``switch_interval * switch_patience`` timed steps are the profile (the steps the
-straggler policy's first decision would have taken). Then one allgather of every rank's
+its first :data:`PROFILE_WINDOWS` windows of ``switch_interval`` timed steps are the profile
+(20 steps by default, whatever ``switch_patience``: the straggler policy's first decision
+takes one window by default, too few steps to price a tail). Then one allgather of every rank's
 figures, and every rank computes the same :class:`~tfsyncmodes.switching.auto.Choice`
 (:func:`~tfsyncmodes.switching.auto.choose`); the chief logs one line per mode's prediction and
 one with the pick. A pick of hybrid switches at that step boundary (the groups rebuilt as the
@@ -27,6 +28,8 @@ from tfsyncmodes.switching.decision import default_group_size
 from tfsyncmodes.switching.policy import StragglerPlan
 from tfsyncmodes.switching.straggler import StragglerSwitch
 
+PROFILE_WINDOWS = 2  # windows of switch_interval steps in auto's profile
+
 
 class AutoSwitch(StragglerSwitch):
     """Profiles, picks, then (in sync) decides as the straggler policy; see the module doc."""
@@ -35,13 +38,13 @@ class AutoSwitch(StragglerSwitch):
         super().__init__(strategy, group_size, log_dir)
         config = strategy.config
         self.group_size = group_size
-        self.profile_steps = config.switch_interval * config.switch_patience
+        self.profile_steps = config.switch_interval * PROFILE_WINDOWS
         self.choice: Optional[auto.Choice] = None
 
     def on_train_end(self, logs=None):
         if self.choice is None and self._is_chief():
             logging.warning("tfsyncmodes: auto: the run ended after %d steps, before its %d-step profile: it trained "
-                            "in sync throughout (a shorter profile: --sync_switch_interval, --sync_switch_patience)",
+                            "in sync throughout (a shorter profile: --sync_switch_interval)",
                             self._step, self.profile_steps)
         super().on_train_end(logs)
 
