@@ -38,7 +38,7 @@ from absl import app, flags
 from benchmarks import bed_async, bed_calibration as cal, bed_capture, bed_probe
 from benchmarks.bed_report import (accuracy_ratios, auto_pick, median_or_none, ratios_to_sync, seconds_to, section,
                                    whole_run_ratios)
-from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, replace_section, repo_env
+from benchmarks.benchlib import DOCS, REPO, TRAIN, bad_flag, check_bed_counts, flag_value, replace_section, repo_env
 from tfsync_testbed import localrun, shaping
 
 flags.DEFINE_integer("ranks", 4, "Horovod ranks / async workers: 2, 4 or 8 (1: an async worker alone).")
@@ -135,13 +135,7 @@ def hosts_layout(ranks: int) -> list:
 def seed_of(extra_flags: str) -> int:
     """The trainer's --seed among `extra_flags` (its default, 0, if none): it seeds the emulated
     compute's draws too, which the cost model replays."""
-    seed, words = 0, extra_flags.split()
-    for i, word in enumerate(words):
-        if word.startswith("--seed="):
-            seed = int(word.split("=", 1)[1])
-        elif word == "--seed" and i + 1 < len(words):  # absl also takes the value as the next word
-            seed = int(words[i + 1])
-    return seed
+    return flag_value(extra_flags, "--seed", 0)
 
 
 def train_flags(mode: str, condition: str, work: str) -> list:

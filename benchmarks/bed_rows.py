@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 
 from benchmarks import bed_calibration as cal
+from benchmarks.benchlib import flag_value
 from tfsyncmodes import costs, knobs, simulate, simulate_policy
 
 @dataclasses.dataclass(frozen=True)
@@ -240,10 +241,7 @@ def policy_priced(bed: dict) -> bool:
 def switch_patience(bed: dict) -> int:
     """The policy's patience a bed file ran with: a ``--sync_switch_patience`` of its extra
     flags, else the default it recorded (``switch_patience``; before it was recorded, 2)."""
-    for word in str(bed.get("extra_flags") or "").split():
-        if word.startswith("--sync_switch_patience="):
-            return int(word.split("=", 1)[1])
-    return int(bed.get("switch_patience", 2))
+    return flag_value(str(bed.get("extra_flags") or ""), "--sync_switch_patience", int(bed.get("switch_patience", 2)))
 
 
 def policy_rate(bed: dict, slow: costs.Job, condition: str, settings: Settings = DEFAULT,

@@ -50,6 +50,19 @@ def async_chief_run(program: str, module: str, workers: int, args: Sequence[str]
             return json.load(handle)
 
 
+def flag_value(words: str, flag: str, default: int) -> int:
+    """The whole number a trainer would take for `flag` (e.g. ``--seed``) from the space-separated
+    `words` (a bed's ``--extra_flags``): its last ``--flag=N`` or ``--flag N``, as absl takes
+    it; `default` when none is given."""
+    value, words = default, words.split()
+    for i, word in enumerate(words):
+        if word.startswith(flag + "="):
+            value = int(word.split("=", 1)[1])
+        elif word == flag and i + 1 < len(words):
+            value = int(words[i + 1])
+    return value
+
+
 def bad_flag(program: str, field: str, problem: str, fix: str) -> None:
     """One line naming the flag, what is wrong and the fix, and exit status 2."""
     sys.stderr.write(f"{program}: error: flag: --{field}: {problem}; {fix}\n")
