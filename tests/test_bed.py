@@ -324,6 +324,9 @@ if sys.argv[1] == "serve":
 else:
     ports = [int(p) for p in sys.argv[3:5]] or [0, 0]  # the client ports (0: the kernel's)
     bulk, echo = (socket.create_connection((sys.argv[2], 5202), source_address=("", p)) for p in ports)
+    # A bounded send buffer keeps some 50 kB of the bulk queued on the link, under the queue's
+    # limit: no drop, so no retransmission timeout empties the queue while the echo is timed.
+    bulk.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 15)
     echo.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     chunk, end = b"x" * (1 << 16), time.perf_counter() + 4
     threading.Thread(target=lambda: [bulk.sendall(chunk) for _ in iter(lambda: time.perf_counter() < end, False)],
