@@ -14,11 +14,11 @@ under the SSP bound and DC-ASGD, saved as NumPy files. The knobs come from the e
   the read could run before the wait and the write after, losing the fresh steps' velocity.
   The weights after every round are saved.
 * ``fit``: the library's training loop (Keras 3: ``fit_loop`` with its ``CoordinatorRunner``,
-  subclassed only to keep the fetched step results; tf_keras: ``strategy.fit``, i.e.
-  ``model.fit``) for FIT_EPOCHS epochs with the cluster's ``--sync_slow_worker`` and
-  ``max_staleness=0``; every update's staleness is saved (Keras 3: the fetched step results;
-  tf_keras: a histogram on the parameter server, added to with ``scatter_add``, read at each
-  epoch's end), with the History's ``dropped_updates``. The model carries a *probe*, a scalar
+  subclassed only to read its staleness tally at each epoch's end; tf_keras: ``strategy.fit``,
+  i.e. ``model.fit``) for FIT_EPOCHS epochs with the cluster's ``--sync_slow_worker`` and
+  ``max_staleness=0``; every update's staleness is saved (Keras 3: the runner's own tally on
+  the parameter server; tf_keras: a histogram on the parameter server, added to with
+  ``scatter_add``; each read at each epoch's end), with the History's ``dropped_updates``. The model carries a *probe*, a scalar
   whose loss term is ``probe`` itself: its gradient is exactly 1 whatever the weights, so with
   plain SGD at a learning rate of 2**-10 (and no remedy but the drop) every applied update
   moves it by exactly -2**-10 and a dropped one not at all; its value at each epoch's end is
@@ -196,18 +196,18 @@ def fit(strategy, outdir):
         from tfsyncmodes.keras.loop import fit_loop
 
         class Recording(CoordinatorRunner):
-            """The loop's own runner; keeps every step's fetched staleness."""
+            """The loop's own runner; keeps its staleness tally's counts at each epoch's end."""
 
             def epoch_logs(self, last_step_logs):
-                pending = list(self._pending)
                 logs = super().epoch_logs(last_step_logs)
-                per_epoch.append([int(np.asarray(r.fetch()["staleness"])) for r in pending])
+                tallied = np.asarray(tf.convert_to_tensor(self._tally.variable))[:self._tally.buckets]
+                per_epoch.append(np.concatenate([tallied[:HIST - 1], [tallied[HIST - 1:].sum()]]))
                 probe_values.append(np.float32(np.asarray(probe.probe)))
                 return logs
 
         history = fit_loop(model, Recording(strategy, dataset_fn), epochs=FIT_EPOCHS,
                            steps_per_epoch=FIT_STEPS, verbose=0)
-        counts = np.stack([np.bincount(np.minimum(s, HIST - 1), minlength=HIST) for s in per_epoch])
+        counts = np.diff(np.stack([np.zeros(HIST, np.int64)] + per_epoch), axis=0)
     np.savez(os.path.join(outdir, "fit.npz"), counts=counts,
              dropped=np.array(history.history["dropped_updates"]),
              iterations=int(np.asarray(model.optimizer.iterations)), steps=FIT_EPOCHS * FIT_STEPS,

@@ -2,7 +2,8 @@
 with (``ClusterCoordinator.schedule``, one closure per step).
 
 An epoch's metrics are exact: its steps write the metric state on the parameter server, read
-once every one of them is done. With ``--sync_steps_ahead=K`` the next epoch's first K steps
+once every one of them is done; so does their staleness (:mod:`~tfsyncmodes.keras.tally`): the
+chief fetches nothing from a step as it ends. With ``--sync_steps_ahead=K`` the next epoch's first K steps
 are scheduled before that wait, so the workers that are done go on while the last steps end
 and the chief's end callbacks run; those K steps write no metric state: each returns its
 metric updates (worked out from a zero state, :func:`metric_updates`), which the chief adds
@@ -20,6 +21,7 @@ from tfsyncmodes.exchange.remedies import dropped_counter
 from tfsyncmodes.exchange.version import make_counter_atomic
 from tfsyncmodes.keras.loop import StepRunner, sample_batch, to_float
 from tfsyncmodes.keras.once import AppliedSteps, AtLeastOnce
+from tfsyncmodes.keras.tally import StalenessTally
 
 
 def async_gradients(model, data):
@@ -96,14 +98,19 @@ class CoordinatorRunner(StepRunner):
 
     Steps run asynchronously; the epoch's results are fetched when it ends, so the loss is the
     exact mean over the epoch's examples (like every compiled metric, read from its atomically
-    updated state once every step is done), the staleness statistics cover every update whose
-    worker reported it, and ``steps`` counts the steps. With ``--sync_exactly_once`` a
-    step the coordinator runs again after its writes landed is skipped
-    (:class:`~tfsyncmodes.keras.once.AppliedSteps`).
+    updated state once every step is done), the staleness statistics cover every update applied
+    (tallied on the parameter server with the update), and ``steps`` counts the steps. Nothing
+    of a step is fetched as it ends: its ``RemoteValue`` is not kept (unless steps are scheduled
+    ahead, below). With ``--sync_exactly_once`` a step the coordinator runs
+    again after its writes landed is skipped (:class:`~tfsyncmodes.keras.once.AppliedSteps`),
+    and counted on the parameter server.
 
     With ``--sync_steps_ahead=K`` the loop schedules the next epoch's first K steps
     (:meth:`step_ahead`) before it waits for an epoch's steps; they return their metric updates,
-    added to their epoch's state once its steps are done, before it is read.
+    added to their epoch's state once its steps are done, before it is read. Their staleness, as
+    the dropped updates, counts in the epoch whose end reads it after they ran. The loop then
+    waits for an epoch's own steps by their ``RemoteValue``, kept, so each step's outputs are
+    fetched as it ends, as before.
     """
 
     def __init__(self, strategy, dataset_fn: Callable, input_options=None):
@@ -123,13 +130,17 @@ class CoordinatorRunner(StepRunner):
             exactly_once = self.strategy.config.exactly_once
             self._once = (AppliedSteps(steps_per_epoch + self.steps_ahead, self.strategy.cluster.num_tasks("ps"))
                           if exactly_once else AtLeastOnce())
+            self._tally = StalenessTally()
         make_metrics_atomic(model)
         self._model = model
         self._iterator = iter(self.strategy.distribute_datasets_from_function(self.dataset_fn, self.input_options))
         self._worker_function = tf.function(self.worker_step)
         self._ahead_function = tf.function(self.worker_step_ahead)
         self._optimizer = model.optimizer
-        self._pending, self._ahead = [], []  # this epoch's steps; the next one's scheduled ahead
+        # This epoch's steps (None for each unless steps are scheduled ahead: then each one's
+        # RemoteValue, and a step's ahead returns its metric updates); the next epoch's ahead.
+        self._pending, self._ahead = [], []
+        self._skipped = self._skipped_count()  # re-runs found applied, at the last epoch's end
         self._ran = 0  # steps waited for since the count was taken
         self._count_at_epoch_start = None
         self._dropped = dropped_counter(self._optimizer)  # None unless --sync_max_staleness is set
@@ -142,7 +153,11 @@ class CoordinatorRunner(StepRunner):
         return self.strategy.coordinator.schedule(function, args=(self._iterator, self._once.next_id()))
 
     def step(self):
-        self._pending.append(self._schedule(self._worker_function))
+        # Its RemoteValue dropped: the coordinator copies the outputs of a step whose value is
+        # still held to the chief as the step ends, before it hands the worker its next one.
+        # With steps ahead it is kept: the epoch's end waits for its own steps by their values.
+        remote = self._schedule(self._worker_function)
+        self._pending.append(remote if self.steps_ahead else None)
         return {}
 
     def step_ahead(self):
@@ -165,13 +180,24 @@ class CoordinatorRunner(StepRunner):
         once = self._once
 
         def writes(grads, batch, x):  # with the check, one unit on the parameter server
-            outputs = once.on_ps(lambda g, b: async_apply(model, g, b, x, metrics=not ahead), grads, batch)
+            def apply(grads, batch):  # the update, its metrics, and its staleness in the tally
+                outputs = async_apply(model, grads, batch, x, metrics=not ahead)
+                with tf.control_dependencies([self._tally.record(outputs["staleness"])]):
+                    return tf.nest.map_structure(tf.identity, outputs)
+
+            outputs = once.on_ps(apply, grads, batch)
             return {**outputs, "metrics": metric_updates(model, batch, x)} if ahead else outputs
 
         return once.run(
             step_id, lambda *computed: tf_strategy.run(writes, args=computed),
-            written=lambda: [*model.variables, *model.optimizer.variables, *model.metrics_variables],
+            written=lambda: [*model.variables, *model.optimizer.variables, *model.metrics_variables,
+                             self._tally.variable],
             inputs=lambda: tf_strategy.run(lambda d: async_gradients(model, d), args=(data,)))
+
+    def _skipped_count(self) -> int:
+        """Re-runs that found their step applied, so far (0 unless steps are applied once)."""
+        skipped = getattr(self._once, "skipped", None)
+        return 0 if skipped is None else int(np.asarray(skipped))
 
     def finish(self):
         self.strategy.join()
@@ -182,21 +208,22 @@ class CoordinatorRunner(StepRunner):
     def epoch_logs(self, last_step_logs):
         if not self._ahead:
             self.strategy.join()
-        results = [remote.fetch() for remote in self._pending]  # every step of this epoch done
+        steps = len(self._pending)
+        # The epoch's steps run ahead of it (every step of it done): their metric updates join its state.
+        results = [remote.fetch() for remote in self._pending if remote is not None]
         self._pending, self._ahead = self._ahead, []
         updates = [r["metrics"] for r in results if "metrics" in r]
-        if updates:  # the epoch's steps run ahead of it: their metric updates join its state
+        if updates:
             for variable, parts in zip(self._model.metrics_variables, zip(*updates)):
                 variable.assign_add(np.sum(parts, axis=0).astype(variable.dtype))
-        applied = np.array([int(np.asarray(r["applied"])) for r in results], bool)
-        if not applied.all():
+        skipped, self._skipped = self._skipped_count() - self._skipped, self._skipped_count()
+        if skipped:
             logging.warning("%d step(s) of this epoch had landed before their worker was lost; "
-                            "the coordinator's re-runs found them applied and skipped them",
-                            int((~applied).sum()))
+                            "the coordinator's re-runs found them applied and skipped them", skipped)
         # A worker lost after its update landed and before it reported has its step applied
         # again (unless --sync_exactly_once caught it): the count is one too many. Checked
         # when no step is in flight (with steps ahead, at the last epoch's end).
-        self._ran += len(results)
+        self._ran += steps
         if not self._pending:
             executed = self._count_at_epoch_start + self._ran
             counted = int(np.asarray(self._optimizer.iterations))
@@ -206,12 +233,10 @@ class CoordinatorRunner(StepRunner):
                                 "the steps", counted - self._count_at_epoch_start, self._ran)
                 self._optimizer.iterations.assign(executed)
             self._count_at_epoch_start, self._ran = None, 0
-        # Staleness as measured by the runs that reported it (a skipped re-run measured none).
-        staleness = np.array([int(np.asarray(r["staleness"])) for r, a in zip(results, applied) if a]
-                             or [0])
+        # Staleness of the updates applied since the last read (a skipped re-run applied none).
+        staleness = self._tally.read()
         logs = {key: to_float(value) for key, value in self._model.get_metrics_result().items()}
-        logs.update(staleness_mean=float(staleness.mean()), staleness_max=float(staleness.max()),
-                    steps=float(len(results)))
+        logs.update(staleness_mean=staleness.mean, staleness_max=float(staleness.max), steps=float(steps))
         if self._dropped is not None:
             # The exact count: the parameter-server counter every dropped update increments
             # (with steps ahead, those of the next epoch's that ran before this read count here).
