@@ -2,12 +2,12 @@
 with (``ClusterCoordinator.schedule``, one closure per step).
 
 An epoch's metrics are exact: its steps write the metric state on the parameter server, read
-once every one of them is done; so does their staleness (:mod:`~tfsyncmodes.keras.tally`): the
-chief fetches nothing from a step as it ends. With ``--sync_steps_ahead=K`` the next epoch's first K steps
-are scheduled before that wait, so the workers that are done go on while the last steps end
-and the chief's end callbacks run; those K steps write no metric state: each returns its
-metric updates (worked out from a zero state, :func:`metric_updates`), which the chief adds
-to its own epoch's state.
+once every one of them is done, and tally their staleness there too
+(:mod:`~tfsyncmodes.keras.tally`), so the chief fetches nothing of a step as it ends. With
+``--sync_steps_ahead=K`` the next epoch's first K steps are scheduled before that wait, so the
+workers that are done go on while the last steps end and the chief's end callbacks run; those
+K steps write no metric state: each returns its metric updates (worked out from a zero state,
+:func:`metric_updates`), which the chief adds to its own epoch's state.
 """
 from __future__ import annotations
 
@@ -209,14 +209,16 @@ class CoordinatorRunner(StepRunner):
         if not self._ahead:
             self.strategy.join()
         steps = len(self._pending)
-        # The epoch's steps run ahead of it (every step of it done): their metric updates join its state.
+        # With steps ahead, each of the epoch's steps done (its value fetched); the metric
+        # updates of those run ahead of it join its state.
         results = [remote.fetch() for remote in self._pending if remote is not None]
         self._pending, self._ahead = self._ahead, []
         updates = [r["metrics"] for r in results if "metrics" in r]
         if updates:
             for variable, parts in zip(self._model.metrics_variables, zip(*updates)):
                 variable.assign_add(np.sum(parts, axis=0).astype(variable.dtype))
-        skipped, self._skipped = self._skipped_count() - self._skipped, self._skipped_count()
+        now = self._skipped_count()
+        skipped, self._skipped = now - self._skipped, now
         if skipped:
             logging.warning("%d step(s) of this epoch had landed before their worker was lost; "
                             "the coordinator's re-runs found them applied and skipped them", skipped)

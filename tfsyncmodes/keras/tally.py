@@ -44,8 +44,9 @@ class StalenessTally:
         """Adds one update of `staleness` (a scalar) to the tally, atomically."""
         value = tf.maximum(tf.cast(tf.reshape(staleness, []), tf.int64), 0)
         bucket = tf.minimum(value, self.buckets - 1)
-        return self.variable.scatter_add(tf.IndexedSlices(
-            tf.stack([tf.constant(1, tf.int64), value]), tf.stack([bucket, tf.constant(self.buckets, tf.int64)]))).op
+        counted = tf.stack([tf.constant(1, tf.int64), value])  # one update, and its part of the sum
+        where = tf.stack([bucket, tf.constant(self.buckets, tf.int64)])
+        return self.variable.scatter_add(tf.IndexedSlices(counted, where)).op
 
     def read(self) -> Staleness:
         """The updates tallied since the last read (or since the tally was made)."""
