@@ -52,8 +52,8 @@ def deadline_lines(result):
 
 
 def test_a_step_over_the_deadline_starts_the_rank_again_in_its_own_process():
-    # The first run's fifth step waits 60 s; the second run's steps do not wait.
-    result, took = run([[0, 0, 0, 0, 60, 0], [0, 0, 0]], 2)
+    # The first run's fifth step waits 600 s; the second run's steps do not wait.
+    result, took = run([[0, 0, 0, 0, 600, 0], [0, 0, 0]], 2)
     assert result.returncode == 0, result.stderr[-2000:]
     assert deadline_lines(result) == [
         "tfsyncmodes: elastic: a train step has waited over 2 s (a peer lost in a collective that never "
@@ -62,17 +62,19 @@ def test_a_step_over_the_deadline_starts_the_rank_again_in_its_own_process():
     assert [words[1] for words in starts] == ["0", "1"], result.stdout
     assert starts[0][-1] == starts[1][-1], starts  # the same process: its launcher sees no exit
     assert result.stdout.count("fit ended") == 1
-    assert took < 50, took  # restarted at the deadline, not after the step's 60 s
+    # Restarted at the deadline, not after the step's 600 s (two cold starts on a loaded machine
+    # fit well inside the bound).
+    assert took < 110, took
 
 
 def test_after_its_last_restart_a_rank_over_the_deadline_leaves_with_one_line_and_status_1():
-    result, took = run([0, 0, 0, 0, 60, 0], 2, TFSYNC_STEP_DEADLINE_RESTARTS=3)  # 3 restarts done
+    result, took = run([0, 0, 0, 0, 600, 0], 2, TFSYNC_STEP_DEADLINE_RESTARTS=3)  # 3 restarts done
     assert result.returncode == 1, result.stderr[-2000:]
     assert "fit ended" not in result.stdout
     assert deadline_lines(result) == [
         "tfsyncmodes: elastic: a train step has waited over 2 s (a peer lost in a collective that never "
         "ends); this rank leaves the job and the others go on without it"], result.stderr[-2000:]
-    assert took < 50, took
+    assert took < 110, took  # left at the deadline, not after the step's 600 s
 
 
 @pytest.mark.parametrize("waits", [[4, 4, 0, 0, 0], [0, 0, 0.5, 0.5, 0.5]], ids=["tracing-steps", "within"])
