@@ -113,19 +113,7 @@ def main(outdir, ahead):
                 "later": int(np.asarray(model.optimizer.iterations)),
                 "kernel": np.asarray(model.get_weights()[0]).ravel().tolist()}
 
-    # What each step kept in the epoch's wait brings to the chief: the tensors its RemoteValue
-    # holds (the coordinator copies them to the chief as the step ends), in scheduling order.
-    from tfsyncmodes.keras.async_runner import CoordinatorRunner
-
-    epoch_logs, fetched = CoordinatorRunner.epoch_logs, []
-
-    def recorded(self, last_step_logs):
-        fetched.append([len(tf.nest.flatten(r.fetch())) for r in self._pending if r is not None])
-        return epoch_logs(self, last_step_logs)
-
-    CoordinatorRunner.epoch_logs = recorded
     results = {"full": fit(EPOCHS, False)}
-    results["full"]["fetched"] = fetched[:]
     if ahead:
         results["stopped"] = fit(EPOCHS, True)
     with open(os.path.join(outdir, "steps_ahead.json"), "w") as out:

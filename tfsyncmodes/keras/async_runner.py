@@ -101,7 +101,7 @@ class CoordinatorRunner(StepRunner):
     updated state once every step is done), the staleness statistics cover every update applied
     (tallied on the parameter server with the update), and ``steps`` counts the steps. Nothing
     of a step is fetched as it ends: its ``RemoteValue`` is not kept (unless steps are scheduled
-    ahead, below), and it holds nothing. With ``--sync_exactly_once`` a step the coordinator runs
+    ahead, below). With ``--sync_exactly_once`` a step the coordinator runs
     again after its writes landed is skipped (:class:`~tfsyncmodes.keras.once.AppliedSteps`),
     and counted on the parameter server.
 
@@ -109,8 +109,8 @@ class CoordinatorRunner(StepRunner):
     (:meth:`step_ahead`) before it waits for an epoch's steps; they return their metric updates,
     added to their epoch's state once its steps are done, before it is read. Their staleness, as
     the dropped updates, counts in the epoch whose end reads it after they ran. The loop then
-    waits for an epoch's own steps by their ``RemoteValue``, kept; an epoch's own step returns
-    nothing (:meth:`worker_step`), so the coordinator copies nothing to the chief as it ends.
+    waits for an epoch's own steps by their ``RemoteValue``, kept, so each step's outputs are
+    fetched as it ends, as before.
     """
 
     def __init__(self, strategy, dataset_fn: Callable, input_options=None):
@@ -166,12 +166,8 @@ class CoordinatorRunner(StepRunner):
 
     def worker_step(self, iterator, step_id):
         """One step on a worker (traced into the scheduled function): its update, unless step
-        `step_id` already landed from a worker lost before it reported. It returns nothing:
-        its staleness is tallied on the parameter server, and a kept ``RemoteValue`` (steps
-        ahead) then has nothing for the coordinator to copy to the chief as the step ends. The
-        writes run all the same (a tf.function runs every stateful op it holds)."""
-        self._worker_step(iterator, step_id, ahead=False)
-        return {}
+        `step_id` already landed from a worker lost before it reported."""
+        return self._worker_step(iterator, step_id, ahead=False)
 
     def worker_step_ahead(self, iterator, step_id):
         """:meth:`worker_step` of a step scheduled ahead: it writes no metric state and returns
