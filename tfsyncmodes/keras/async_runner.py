@@ -245,5 +245,5 @@ class CoordinatorRunner(StepRunner):
             now = int(np.asarray(self._dropped))
             dropped, self._dropped_at_epoch_start = now - self._dropped_at_epoch_start, now
             logs["dropped_updates"] = float(dropped)
-            logging.info("dropped %d of %d updates staler than max_staleness", dropped, len(results))
+            logging.info("dropped %d of %d updates staler than max_staleness", dropped, steps)
         return logs
