@@ -1,4 +1,5 @@
 """Async mode on real gRPC parameter-server clusters on 127.0.0.1, started by the launcher."""
+import io
 import json
 import os
 import re
@@ -6,7 +7,9 @@ import signal
 import subprocess
 import threading
 import time
+import zipfile
 
+import h5py
 import numpy as np
 import pytest
 
@@ -92,6 +95,15 @@ def train_command(tmp_path, epochs, model_dir=None, batch_size=64, python=PYTHON
             f"--model_dir={model_dir or tmp_path / 'run'}", f"--metrics_file={tmp_path / 'metrics.json'}"]
 
 
+def h5_arrays(source):
+    """Every dataset of a Keras weights file (a path, or a file object), by its path in the file."""
+    found = {}
+    with h5py.File(source, "r") as handle:
+        handle.visititems(lambda name, item: found.__setitem__(name, np.array(item))
+                          if isinstance(item, h5py.Dataset) else None)
+    return found
+
+
 def epochs_started(lines):
     """The epoch numbers the chief's progress bar announced, in order."""
     return [int(m.group(1)) for m in (re.match(r"\[chief:0\] Epoch (\d+)/", l) for l in lines) if m]
@@ -126,7 +138,18 @@ def test_async_training_counts_every_step_and_measures_staleness(tmp_path, legac
         assert max(metrics["staleness_max"]) >= 1
     # Workers and ps leave by themselves, with status 0, once the chief is done.
     assert set(exit_statuses(cluster.output).values()) == {"0"}, cluster.output[-3000:]
-    assert (tmp_path / "run" / "async" / "model.keras").is_file()
+    run_dir = tmp_path / "run" / "async"
+    assert (run_dir / "model.keras").is_file() and (run_dir / "checkpoint.weights.h5").is_file()
+    if not legacy:
+        # The last epoch's checkpoint (the chief copies the backup's file) holds the weights and
+        # optimizer state the trained model was saved with, read from the model's own file.
+        with zipfile.ZipFile(run_dir / "model.keras") as saved:
+            final = h5_arrays(io.BytesIO(saved.read("model.weights.h5")))
+        checkpoint = h5_arrays(run_dir / "checkpoint.weights.h5")
+        assert sorted(checkpoint) == sorted(final) and any(k.startswith("layers/") for k in final), \
+            (sorted(checkpoint), sorted(final))
+        for name, value in final.items():
+            assert np.array_equal(checkpoint[name], value), name
     # TensorBoard has each epoch's loss and staleness, as the History has them.
     written = events.scalars(tmp_path / "run" / "async" / "logs" / "train")
     assert len(written["epoch_loss"]) == epochs

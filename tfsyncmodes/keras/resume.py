@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 from absl import logging
 
@@ -40,6 +41,7 @@ class ResumeFromBackup(keras.callbacks.BackupAndRestore):
         self.restores = None  # None: in this process's first fit only; True or False: in every fit, or in none
         self._fits = self._epochs_begun = 0
         self._restored = False
+        self.saved = None  # Keras 3: (epochs done, the weights file) of this process's last save
 
     def on_train_begin(self, logs=None):
         self._restored = self._fits == 0 if self.restores is None else bool(self.restores)
@@ -82,6 +84,7 @@ class ResumeFromBackup(keras.callbacks.BackupAndRestore):
             self.model.save_weights(partial, overwrite=True)
             os.replace(partial, os.path.join(self.backup_dir, name))
             self._commit({"epoch": self._current_epoch, "batch": self._last_batch_seen, "weights": name})
+            self.saved = (self._current_epoch, os.path.join(self.backup_dir, name))
             for old in os.listdir(self.backup_dir):  # the backups the record no longer names
                 if old.endswith(".weights.h5") and old not in (name, "partial.weights.h5"):
                     os.remove(os.path.join(self.backup_dir, old))
@@ -100,3 +103,28 @@ class ResumeFromBackup(keras.callbacks.BackupAndRestore):
                 if named:  # a backup written before the record named its weights keeps the default
                     self._weights_path = os.path.join(self.backup_dir, named)
             super()._load_model()
+
+
+class CheckpointFromBackup(keras.callbacks.ModelCheckpoint):
+    """``ModelCheckpoint(filepath, save_weights_only=True)`` that copies the weights file the
+    resume backup (`backup`, a :class:`ResumeFromBackup` earlier in the callbacks) wrote at the
+    same epoch's end, instead of reading every variable again: under a parameter server each
+    read is a call to the servers while the workers wait for the next epoch. For a strategy
+    whose callbacks change no weight between the two (:meth:`~tfsyncmodes.strategies.base.
+    Strategy.callbacks` decides). Where the backup did not save that epoch (tf_keras writes its
+    own format; a process that does not write it) it saves as ``ModelCheckpoint`` does. The
+    copy goes to a temporary file renamed into place, so a process killed meanwhile leaves the
+    previous checkpoint whole."""
+
+    def __init__(self, filepath: str, backup: ResumeFromBackup):
+        super().__init__(filepath, save_weights_only=True)
+        self.backup = backup
+
+    def _save_model(self, epoch, batch, logs):
+        saved = self.backup.saved
+        if batch is not None or saved is None or saved[0] != epoch + 1 or not os.path.isfile(saved[1]):
+            return super()._save_model(epoch, batch, logs)
+        partial = self.filepath + ".partial"
+        shutil.copyfile(saved[1], partial)
+        os.replace(partial, self.filepath)
+        return None

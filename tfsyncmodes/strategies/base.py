@@ -22,7 +22,7 @@ from tfsyncmodes.errors import ConfigError
 from tfsyncmodes.keras import make_optimizer
 from tfsyncmodes.keras import compat
 from tfsyncmodes.keras.compat import keras
-from tfsyncmodes.keras.resume import ResumeFromBackup
+from tfsyncmodes.keras.resume import CheckpointFromBackup, ResumeFromBackup
 from tfsyncmodes.paths import usable_directory
 
 
@@ -171,13 +171,17 @@ class ModeStrategy:
         log_dir = os.path.join(model_dir, "logs")  # one TensorBoard log for a run of phases too
         if phase is not None:  # a launched phase keeps its backup and checkpoints apart
             model_dir = phase.phase_dir
+        backup = None
         if checkpoint:
-            callbacks.insert(0, ResumeFromBackup(os.path.join(model_dir, "backup"), writes=self._backup_writes()))
+            backup = ResumeFromBackup(os.path.join(model_dir, "backup"), writes=self._backup_writes())
+        if backup is not None:
+            callbacks.insert(0, backup)
         if self.is_chief:
             os.makedirs(model_dir, exist_ok=True)
             if checkpoint:
-                callbacks.append(keras.callbacks.ModelCheckpoint(
-                    os.path.join(model_dir, "checkpoint.weights.h5"), save_weights_only=True))
+                path = os.path.join(model_dir, "checkpoint.weights.h5")
+                callbacks.append(CheckpointFromBackup(path, backup) if self._checkpoint_copies_backup()
+                                 else keras.callbacks.ModelCheckpoint(path, save_weights_only=True))
             if tensorboard:
                 callbacks.append(keras.callbacks.TensorBoard(log_dir))
         if phase is not None:  # first: the phase's checkpoint, then a backup of this phase, if any
@@ -195,6 +199,13 @@ class ModeStrategy:
             if callback is not None:
                 return callback
         return None
+
+    def _checkpoint_copies_backup(self) -> bool:
+        """Whether the chief's checkpoint copies the backup's file of the same epoch's end
+        (:class:`~tfsyncmodes.keras.resume.CheckpointFromBackup`): only where no callback
+        between the two changes a weight at an epoch's end and reading the weights costs
+        calls to other processes. False: a save of its own."""
+        return False
 
     def _backup_writes(self):
         """Which process writes the resume backup: the chief (None: the engine decides)."""

@@ -232,6 +232,9 @@ class AsyncStrategy(ModeStrategy):
             return writes(*values)
         return self.step_unit(writes, *values)
 
+    def _checkpoint_copies_backup(self) -> bool:
+        return True  # each weight read is a call to the servers; no chief callback changes one
+
     def _backup_writes(self):
         return None if compat.LEGACY else True  # tf_keras coordinates its own writers here
 
