@@ -1,8 +1,10 @@
 """The local launcher's console command, ``tfsyncmodes-launch`` (or ``python -m
 tfsyncmodes_launch``), started without TensorFlow.
 
-``python -m tfsyncmodes.launch`` runs the package's ``__init__`` first, which imports TensorFlow
-(seconds, and its start-up lines) in a process that only starts and watches others. This module
+A console command's entry point is imported as any module is, and ``import tfsyncmodes.launch``
+runs the package's ``__init__`` first, which imports TensorFlow (seconds, and its start-up lines)
+in a process that only starts and watches others (``python -m tfsyncmodes.launch`` is the one
+form the ``__init__`` recognises and spares). This module
 finds ``tfsyncmodes/launch.py`` without importing the package and runs it as a file, as the
 launcher runs itself everywhere else (it and the modules it loads import nothing from the
 package). A module of its own, like :mod:`tfsyncmodes_warm`, for the same reason.

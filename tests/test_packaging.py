@@ -139,6 +139,48 @@ def test_the_launchers_console_command_starts_without_tensorflow():
         assert "Traceback" not in result.stderr
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tool, args, out", [
+    ("tfsyncmodes.advise", ["--ranks=8", "--step_ms=50", "--grad_mb=4", "--link_gbit=10"], "highest throughput: "),
+    ("tfsyncmodes.launch", ["--print-tf-config", "--hosts", "a,b", "--workers", "1"], '"type":"chief"')])
+def test_the_tools_run_with_python_m_import_no_tensorflow(tool, args, out):
+    # Python's own record of every module the process imported (-X importtime, on stderr).
+    result = subprocess.run([PYTHON, "-X", "importtime", "-m", tool, *args], capture_output=True, text=True,
+                            timeout=100, env=clean_env(), cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert out in result.stdout
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "tfsyncmodes" in imported and len(imported) > 20, result.stderr[-3000:]
+    heavy = [name for name in imported if name.split(".")[0] in ("tensorflow", "keras", "tf_keras", "horovod")]
+    assert heavy == [], heavy[:10]
+
+
+@pytest.mark.parametrize("argv, module", [
+    (["python", "-m", "tfsyncmodes.advise", "--ranks=8"], "tfsyncmodes.advise"),
+    (["python", "-X", "importtime", "-m", "tfsyncmodes.launch", "--", "-m"], "tfsyncmodes.launch"),
+    (["python", "-u", "-W", "ignore", "-mtfsyncmodes.advise"], "tfsyncmodes.advise"),
+    (["python", "scripts/train.py", "-m", "tfsyncmodes.advise"], ""),
+    (["python", "-c", "import tfsyncmodes", "-m", "tfsyncmodes.advise"], ""),
+    (["python", "-"], ""),
+    (["python"], "")])
+def test_the_package_reads_which_module_python_m_runs(argv, module):
+    import tfsyncmodes
+
+    assert tfsyncmodes._module_run(argv) == module
+
+
+def test_the_public_names_are_there_and_found_on_first_use():
+    # Imported by a test (not a tool): eagerly; a tool's process finds them on first use.
+    import tfsyncmodes
+    from tfsyncmodes.strategies import make_strategy
+
+    assert all(name in vars(tfsyncmodes) for name in tfsyncmodes.__all__)
+    assert tfsyncmodes.__getattr__("make_strategy") is make_strategy
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        tfsyncmodes.__getattr__("nothing")
+
+
 @pytest.mark.timeout(240)
 def test_the_example_trainer_is_a_console_command_that_trains(tmp_path):
     """``tfsyncmodes-train`` (the installed example trainer) trains the digits in one process."""
