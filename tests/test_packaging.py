@@ -163,7 +163,15 @@ def test_the_tools_run_with_python_m_import_no_tensorflow(tool, args, out):
     (["python", "scripts/train.py", "-m", "tfsyncmodes.advise"], ""),
     (["python", "-c", "import tfsyncmodes", "-m", "tfsyncmodes.advise"], ""),
     (["python", "-"], ""),
-    (["python"], "")])
+    (["python"], ""),
+    (["python", "-Em", "tfsyncmodes.launch"], "tfsyncmodes.launch"),
+    (["python", "-uW", "ignore", "-Bm", "tfsyncmodes.advise"], "tfsyncmodes.advise"),
+    (["python", "-uXdev", "-m", "tfsyncmodes.advise"], "tfsyncmodes.advise"),
+    (["python", "--check-hash-based-pycs", "always", "-m", "tfsyncmodes.launch"], "tfsyncmodes.launch"),
+    (["python", "-cimport tfsyncmodes", "-m", "tfsyncmodes.launch"], ""),
+    (["python", "-Ic", "import tfsyncmodes", "-m", "tfsyncmodes.launch"], ""),
+    (["python", "--", "-m", "tfsyncmodes.launch"], ""),
+    (["python", "script.py", "-m", "tfsyncmodes.launch"], "")])
 def test_the_package_reads_which_module_python_m_runs(argv, module):
     import tfsyncmodes
 
@@ -176,6 +184,7 @@ def test_the_public_names_are_there_and_found_on_first_use():
     from tfsyncmodes.strategies import make_strategy
 
     assert all(name in vars(tfsyncmodes) for name in tfsyncmodes.__all__)
+    assert set(tfsyncmodes.__all__) <= set(dir(tfsyncmodes))
     assert tfsyncmodes.__getattr__("make_strategy") is make_strategy
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         tfsyncmodes.__getattr__("nothing")

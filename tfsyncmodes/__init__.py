@@ -26,17 +26,21 @@ _WITHOUT_TENSORFLOW = ("tfsyncmodes.launch", "tfsyncmodes.advise")
 
 def _module_run(argv) -> str:
     """The module an interpreter's command line `argv` (``sys.orig_argv``) runs with ``-m``, or ''
-    (a script, ``-c``, standard input)."""
-    options = iter(argv[1:])
-    for option in options:
-        if option in ("-X", "-W"):  # an option with a value of its own
-            next(options, None)
-        elif option == "-m":
-            return next(options, "")
-        elif option.startswith("-m"):
-            return option[2:]
-        elif option == "-c" or not option.startswith("-") or option == "-":
-            return ""
+    (a script, ``-c``, standard input), read as CPython reads its options: short ones may be
+    combined (``-um``), and ``c``, ``m``, ``W`` and ``X`` take the rest of their word or the next."""
+    words = iter(argv[1:])
+    for word in words:
+        if word == "--check-hash-based-pycs":  # the one long option with a value
+            next(words, None)
+            continue
+        if word in ("-", "--") or not word.startswith("-") or word.startswith("--"):
+            return ""  # standard input, a script (after "--" too), or an option that runs nothing
+        for at, letter in enumerate(word[1:], 2):
+            if letter in "cmWX":
+                value = word[at:] or next(words, "")
+                if letter in "cm":
+                    return value if letter == "m" else ""
+                break
     return ""
 
 
@@ -47,6 +51,10 @@ def __getattr__(name):
     value = getattr(_importlib.import_module(_PUBLIC[name]), name)
     globals()[name] = value
     return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
 
 
 if _module_run(getattr(_sys, "orig_argv", ())) not in _WITHOUT_TENSORFLOW:

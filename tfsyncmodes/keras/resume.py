@@ -125,6 +125,11 @@ class CheckpointFromBackup(keras.callbacks.ModelCheckpoint):
         if batch is not None or saved is None or saved[0] != epoch + 1 or not os.path.isfile(saved[1]):
             return super()._save_model(epoch, batch, logs)
         partial = self.filepath + ".partial"
-        shutil.copyfile(saved[1], partial)
-        os.replace(partial, self.filepath)
+        try:
+            shutil.copyfile(saved[1], partial)
+            os.replace(partial, self.filepath)
+        except OSError:  # a full disk: no partial copy left beside the last checkpoint
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise
         return None
