@@ -110,8 +110,8 @@ class CheckpointFromBackup(keras.callbacks.ModelCheckpoint):
     resume backup (`backup`, a :class:`ResumeFromBackup` earlier in the callbacks) wrote at the
     same epoch's end, instead of reading every variable again: under a parameter server each
     read is a call to the servers while the workers wait for the next epoch. For a strategy
-    whose callbacks change no weight between the two (:meth:`~tfsyncmodes.strategies.base.
-    Strategy.callbacks` decides). Where the backup did not save that epoch (tf_keras writes its
+    whose callbacks change no weight between the two (``ModeStrategy.callbacks`` decides, in
+    :mod:`tfsyncmodes.strategies.base`). Where the backup did not save that epoch (tf_keras writes its
     own format; a process that does not write it) it saves as ``ModelCheckpoint`` does. The
     copy goes to a temporary file renamed into place, so a process killed meanwhile leaves the
     previous checkpoint whole."""

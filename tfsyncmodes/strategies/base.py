@@ -174,7 +174,6 @@ class ModeStrategy:
         backup = None
         if checkpoint:
             backup = ResumeFromBackup(os.path.join(model_dir, "backup"), writes=self._backup_writes())
-        if backup is not None:
             callbacks.insert(0, backup)
         if self.is_chief:
             os.makedirs(model_dir, exist_ok=True)
